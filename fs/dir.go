@@ -1,0 +1,209 @@
+package fs
+
+import (
+	"context"
+	"syscall"
+
+	gofs "github.com/hanwen/go-fuse/v2/fs"
+	"github.com/hanwen/go-fuse/v2/fuse"
+	"golang.org/x/sys/unix"
+)
+
+var (
+	_ = (gofs.NodeMkdirer)((*node)(nil))
+	_ = (gofs.NodeMknoder)((*node)(nil))
+	_ = (gofs.NodeSymlinker)((*node)(nil))
+	_ = (gofs.NodeLinker)((*node)(nil))
+	_ = (gofs.NodeCreater)((*node)(nil))
+	_ = (gofs.NodeUnlinker)((*node)(nil))
+	_ = (gofs.NodeRmdirer)((*node)(nil))
+	_ = (gofs.NodeRenamer)((*node)(nil))
+	_ = (gofs.NodeOpendirHandler)((*node)(nil))
+)
+
+// chownToCaller gives a new entry to the process that created it. tierfs
+// runs as root, so without this every file would belong to root. In a
+// set-group-ID directory the group the backing filesystem chose is kept.
+func (n *node) chownToCaller(ctx context.Context, rel string, fd int) {
+	if !n.root.asRoot {
+		return
+	}
+	caller, ok := fuse.FromContext(ctx)
+	if !ok {
+		return
+	}
+	gid := int(caller.Gid)
+	var parent unix.Statx_t
+	if statxAt(n.root.backingFd, n.rel(), &parent) == nil && parent.Mode&unix.S_ISGID != 0 {
+		gid = -1
+	}
+	if fd >= 0 {
+		_ = unix.Fchown(fd, int(caller.Uid), gid)
+		return
+	}
+	_ = unix.Fchownat(n.root.backingFd, rel, int(caller.Uid), gid, unix.AT_SYMLINK_NOFOLLOW)
+}
+
+// created finishes an operation that made a new entry at rel: ownership,
+// then the node. When the node cannot be built the entry is removed again,
+// so a failed request leaves nothing behind.
+func (n *node) created(ctx context.Context, rel string, out *fuse.EntryOut, removeFlags int) (*gofs.Inode, syscall.Errno) {
+	n.chownToCaller(ctx, rel, -1)
+	ch, err := n.lookupCreated(ctx, rel, out)
+	if err != nil {
+		_ = unix.Unlinkat(n.root.backingFd, rel, removeFlags)
+		return nil, toErrno(err)
+	}
+	return ch, 0
+}
+
+func (n *node) Mkdir(ctx context.Context, name string, mode uint32, out *fuse.EntryOut) (*gofs.Inode, syscall.Errno) {
+	if n.hides(name) {
+		return nil, syscall.EEXIST
+	}
+	rel := n.childRel(name)
+	if err := unix.Mkdirat(n.root.backingFd, rel, mode); err != nil {
+		return nil, toErrno(err)
+	}
+	return n.created(ctx, rel, out, unix.AT_REMOVEDIR)
+}
+
+func (n *node) Mknod(ctx context.Context, name string, mode, rdev uint32, out *fuse.EntryOut) (*gofs.Inode, syscall.Errno) {
+	if n.hides(name) {
+		return nil, syscall.EEXIST
+	}
+	rel := n.childRel(name)
+	if err := unix.Mknodat(n.root.backingFd, rel, mode, int(rdev)); err != nil {
+		return nil, toErrno(err)
+	}
+	return n.created(ctx, rel, out, 0)
+}
+
+func (n *node) Symlink(ctx context.Context, target, name string, out *fuse.EntryOut) (*gofs.Inode, syscall.Errno) {
+	if n.hides(name) {
+		return nil, syscall.EEXIST
+	}
+	rel := n.childRel(name)
+	if err := unix.Symlinkat(target, n.root.backingFd, rel); err != nil {
+		return nil, toErrno(err)
+	}
+	return n.created(ctx, rel, out, 0)
+}
+
+func (n *node) Link(ctx context.Context, target gofs.InodeEmbedder, name string, out *fuse.EntryOut) (*gofs.Inode, syscall.Errno) {
+	if n.hides(name) {
+		return nil, syscall.EEXIST
+	}
+	src, ok := target.(*node)
+	if !ok || src.root != n.root {
+		return nil, syscall.EXDEV
+	}
+	fd, err := src.openPath()
+	if err != nil {
+		return nil, toErrno(err)
+	}
+	defer unix.Close(fd)
+	rel := n.childRel(name)
+	// AT_EMPTY_PATH links the inode itself, even one whose last name is
+	// gone but that is still open (it needs CAP_DAC_READ_SEARCH, which
+	// root has).
+	if err := unix.Linkat(fd, "", n.root.backingFd, rel, unix.AT_EMPTY_PATH); err != nil {
+		return nil, toErrno(err)
+	}
+	ch, err := n.childFromFd(ctx, fd, out)
+	return ch, toErrno(err)
+}
+
+func (n *node) Create(ctx context.Context, name string, flags uint32, mode uint32, out *fuse.EntryOut) (*gofs.Inode, gofs.FileHandle, uint32, syscall.Errno) {
+	if n.hides(name) {
+		return nil, nil, 0, syscall.EEXIST
+	}
+	rel := n.childRel(name)
+	fd, err := unix.Openat(n.root.backingFd, rel, openFlags(flags)|unix.O_CREAT, mode)
+	if err != nil {
+		return nil, nil, 0, toErrno(err)
+	}
+	n.chownToCaller(ctx, rel, fd)
+	ch, err := n.childFromFd(ctx, fd, out)
+	if err != nil {
+		unix.Close(fd)
+		return nil, nil, 0, toErrno(err)
+	}
+	return ch, newLocalFile(ch.Operations().(*node), fd), 0, 0
+}
+
+func (n *node) Unlink(ctx context.Context, name string) syscall.Errno {
+	if n.hides(name) {
+		return syscall.EPERM
+	}
+	return toErrno(unix.Unlinkat(n.root.backingFd, n.childRel(name), 0))
+}
+
+func (n *node) Rmdir(ctx context.Context, name string) syscall.Errno {
+	if n.hides(name) {
+		return syscall.EPERM
+	}
+	return toErrno(unix.Unlinkat(n.root.backingFd, n.childRel(name), unix.AT_REMOVEDIR))
+}
+
+func (n *node) Rename(ctx context.Context, name string, newParent gofs.InodeEmbedder, newName string, flags uint32) syscall.Errno {
+	dst, ok := newParent.(*node)
+	if !ok || dst.root != n.root {
+		return syscall.EXDEV
+	}
+	if n.hides(name) || dst.hides(newName) {
+		return syscall.EPERM
+	}
+	return toErrno(unix.Renameat2(n.root.backingFd, n.childRel(name), n.root.backingFd, dst.childRel(newName), uint(flags)))
+}
+
+func (n *node) OpendirHandle(ctx context.Context, flags uint32) (gofs.FileHandle, uint32, syscall.Errno) {
+	fd, err := n.openSelf(unix.O_RDONLY | unix.O_DIRECTORY)
+	if err != nil {
+		return nil, 0, toErrno(err)
+	}
+	ds, errno := gofs.NewLoopbackDirStreamFd(fd)
+	if errno != 0 {
+		unix.Close(fd)
+		return nil, 0, errno
+	}
+	if n.isRoot() {
+		return &hidingDir{inner: ds, hidden: StateDirName}, 0, 0
+	}
+	return ds, 0, 0
+}
+
+// hidingDir is a directory stream that leaves out one name.
+type hidingDir struct {
+	inner  gofs.DirStream
+	hidden string
+}
+
+var (
+	_ = (gofs.FileReaddirenter)((*hidingDir)(nil))
+	_ = (gofs.FileSeekdirer)((*hidingDir)(nil))
+	_ = (gofs.FileFsyncdirer)((*hidingDir)(nil))
+	_ = (gofs.FileReleasedirer)((*hidingDir)(nil))
+)
+
+func (d *hidingDir) Readdirent(ctx context.Context) (*fuse.DirEntry, syscall.Errno) {
+	r := d.inner.(gofs.FileReaddirenter)
+	for {
+		de, errno := r.Readdirent(ctx)
+		if errno != 0 || de == nil || de.Name != d.hidden {
+			return de, errno
+		}
+	}
+}
+
+func (d *hidingDir) Seekdir(ctx context.Context, off uint64) syscall.Errno {
+	return d.inner.(gofs.FileSeekdirer).Seekdir(ctx, off)
+}
+
+func (d *hidingDir) Fsyncdir(ctx context.Context, flags uint32) syscall.Errno {
+	return d.inner.(gofs.FileFsyncdirer).Fsyncdir(ctx, flags)
+}
+
+func (d *hidingDir) Releasedir(ctx context.Context, flags uint32) {
+	d.inner.(gofs.FileReleasedirer).Releasedir(ctx, flags)
+}
