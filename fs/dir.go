@@ -2,6 +2,7 @@ package fs
 
 import (
 	"context"
+	"strconv"
 	"syscall"
 
 	gofs "github.com/hanwen/go-fuse/v2/fs"
@@ -24,7 +25,7 @@ var (
 // chownToCaller gives a new entry to the process that created it. tierfs
 // runs as root, so without this every file would belong to root. In a
 // set-group-ID directory the group the backing filesystem chose is kept.
-func (n *node) chownToCaller(ctx context.Context, rel string, fd int) {
+func (n *node) chownToCaller(ctx context.Context, name string) {
 	if !n.root.asRoot {
 		return
 	}
@@ -33,25 +34,21 @@ func (n *node) chownToCaller(ctx context.Context, rel string, fd int) {
 		return
 	}
 	gid := int(caller.Gid)
-	var parent unix.Statx_t
-	if statxAt(n.root.backingFd, n.rel(), &parent) == nil && parent.Mode&unix.S_ISGID != 0 {
+	var dir unix.Statx_t
+	if statxAt(n.fd, "", &dir) == nil && dir.Mode&unix.S_ISGID != 0 {
 		gid = -1
 	}
-	if fd >= 0 {
-		_ = unix.Fchown(fd, int(caller.Uid), gid)
-		return
-	}
-	_ = unix.Fchownat(n.root.backingFd, rel, int(caller.Uid), gid, unix.AT_SYMLINK_NOFOLLOW)
+	_ = unix.Fchownat(n.fd, name, int(caller.Uid), gid, unix.AT_SYMLINK_NOFOLLOW)
 }
 
-// created finishes an operation that made a new entry at rel: ownership,
-// then the node. When the node cannot be built the entry is removed again,
-// so a failed request leaves nothing behind.
-func (n *node) created(ctx context.Context, rel string, out *fuse.EntryOut, removeFlags int) (*gofs.Inode, syscall.Errno) {
-	n.chownToCaller(ctx, rel, -1)
-	ch, err := n.lookupCreated(ctx, rel, out)
+// created finishes an operation that made the entry name: ownership, then
+// the node. When the node cannot be built the entry is removed again, so a
+// failed request leaves nothing behind.
+func (n *node) created(ctx context.Context, name string, out *fuse.EntryOut, removeFlags int) (*gofs.Inode, syscall.Errno) {
+	n.chownToCaller(ctx, name)
+	ch, err := n.lookupAt(ctx, name, out)
 	if err != nil {
-		_ = unix.Unlinkat(n.root.backingFd, rel, removeFlags)
+		_ = unix.Unlinkat(n.fd, name, removeFlags)
 		return nil, toErrno(err)
 	}
 	return ch, 0
@@ -61,33 +58,30 @@ func (n *node) Mkdir(ctx context.Context, name string, mode uint32, out *fuse.En
 	if n.hides(name) {
 		return nil, syscall.EEXIST
 	}
-	rel := n.childRel(name)
-	if err := unix.Mkdirat(n.root.backingFd, rel, mode); err != nil {
+	if err := unix.Mkdirat(n.fd, name, mode); err != nil {
 		return nil, toErrno(err)
 	}
-	return n.created(ctx, rel, out, unix.AT_REMOVEDIR)
+	return n.created(ctx, name, out, unix.AT_REMOVEDIR)
 }
 
 func (n *node) Mknod(ctx context.Context, name string, mode, rdev uint32, out *fuse.EntryOut) (*gofs.Inode, syscall.Errno) {
 	if n.hides(name) {
 		return nil, syscall.EEXIST
 	}
-	rel := n.childRel(name)
-	if err := unix.Mknodat(n.root.backingFd, rel, mode, int(rdev)); err != nil {
+	if err := unix.Mknodat(n.fd, name, mode, int(rdev)); err != nil {
 		return nil, toErrno(err)
 	}
-	return n.created(ctx, rel, out, 0)
+	return n.created(ctx, name, out, 0)
 }
 
 func (n *node) Symlink(ctx context.Context, target, name string, out *fuse.EntryOut) (*gofs.Inode, syscall.Errno) {
 	if n.hides(name) {
 		return nil, syscall.EEXIST
 	}
-	rel := n.childRel(name)
-	if err := unix.Symlinkat(target, n.root.backingFd, rel); err != nil {
+	if err := unix.Symlinkat(target, n.fd, name); err != nil {
 		return nil, toErrno(err)
 	}
-	return n.created(ctx, rel, out, 0)
+	return n.created(ctx, name, out, 0)
 }
 
 func (n *node) Link(ctx context.Context, target gofs.InodeEmbedder, name string, out *fuse.EntryOut) (*gofs.Inode, syscall.Errno) {
@@ -98,19 +92,13 @@ func (n *node) Link(ctx context.Context, target gofs.InodeEmbedder, name string,
 	if !ok || src.root != n.root {
 		return nil, syscall.EXDEV
 	}
-	fd, err := src.openPath()
-	if err != nil {
-		return nil, toErrno(err)
-	}
-	defer unix.Close(fd)
-	rel := n.childRel(name)
 	// AT_EMPTY_PATH links the inode itself, even one whose last name is
 	// gone but that is still open (it needs CAP_DAC_READ_SEARCH, which
 	// root has).
-	if err := unix.Linkat(fd, "", n.root.backingFd, rel, unix.AT_EMPTY_PATH); err != nil {
+	if err := unix.Linkat(src.fd, "", n.fd, name, unix.AT_EMPTY_PATH); err != nil {
 		return nil, toErrno(err)
 	}
-	ch, err := n.childFromFd(ctx, fd, out)
+	ch, err := n.lookupAt(ctx, name, out)
 	return ch, toErrno(err)
 }
 
@@ -118,13 +106,19 @@ func (n *node) Create(ctx context.Context, name string, flags uint32, mode uint3
 	if n.hides(name) {
 		return nil, nil, 0, syscall.EEXIST
 	}
-	rel := n.childRel(name)
-	fd, err := unix.Openat(n.root.backingFd, rel, openFlags(flags)|unix.O_CREAT, mode)
+	fd, err := unix.Openat(n.fd, name, openFlags(flags)|unix.O_CREAT, mode)
 	if err != nil {
 		return nil, nil, 0, toErrno(err)
 	}
-	n.chownToCaller(ctx, rel, fd)
-	ch, err := n.childFromFd(ctx, fd, out)
+	n.chownToCaller(ctx, name)
+	// The node's descriptor comes from the open file, not from the name,
+	// which another process could already have replaced.
+	pfd, err := unix.Open("/proc/self/fd/"+strconv.Itoa(fd), unix.O_PATH|unix.O_CLOEXEC, 0)
+	if err != nil {
+		unix.Close(fd)
+		return nil, nil, 0, toErrno(err)
+	}
+	ch, err := n.childFromPathFd(ctx, pfd, out)
 	if err != nil {
 		unix.Close(fd)
 		return nil, nil, 0, toErrno(err)
@@ -136,14 +130,14 @@ func (n *node) Unlink(ctx context.Context, name string) syscall.Errno {
 	if n.hides(name) {
 		return syscall.EPERM
 	}
-	return toErrno(unix.Unlinkat(n.root.backingFd, n.childRel(name), 0))
+	return toErrno(unix.Unlinkat(n.fd, name, 0))
 }
 
 func (n *node) Rmdir(ctx context.Context, name string) syscall.Errno {
 	if n.hides(name) {
 		return syscall.EPERM
 	}
-	return toErrno(unix.Unlinkat(n.root.backingFd, n.childRel(name), unix.AT_REMOVEDIR))
+	return toErrno(unix.Unlinkat(n.fd, name, unix.AT_REMOVEDIR))
 }
 
 func (n *node) Rename(ctx context.Context, name string, newParent gofs.InodeEmbedder, newName string, flags uint32) syscall.Errno {
@@ -154,7 +148,7 @@ func (n *node) Rename(ctx context.Context, name string, newParent gofs.InodeEmbe
 	if n.hides(name) || dst.hides(newName) {
 		return syscall.EPERM
 	}
-	return toErrno(unix.Renameat2(n.root.backingFd, n.childRel(name), n.root.backingFd, dst.childRel(newName), uint(flags)))
+	return toErrno(unix.Renameat2(n.fd, name, dst.fd, newName, uint(flags)))
 }
 
 func (n *node) OpendirHandle(ctx context.Context, flags uint32) (gofs.FileHandle, uint32, syscall.Errno) {

@@ -3,7 +3,6 @@ package fs
 import (
 	"context"
 	"os"
-	"sync/atomic"
 	"syscall"
 
 	gofs "github.com/hanwen/go-fuse/v2/fs"
@@ -24,31 +23,10 @@ func openFlags(flags uint32) int {
 	return int(flags&^(syscall.O_APPEND|fuse.FMODE_EXEC)) | unix.O_CLOEXEC
 }
 
-// openSelf opens exactly this node's inode. Through a file handle the open
-// cannot land on a file that replaced the name in the meantime; if the inode
-// is gone, ESTALE makes the kernel redo the lookup and open what the name
-// now holds, as a native open would.
+// openSelf opens this node's inode by re-opening its O_PATH descriptor
+// through /proc, so it cannot land on a file that replaced the name.
 func (n *node) openSelf(flags int) (int, error) {
-	if n.handle.ok {
-		return n.handle.open(n.root.backingFd, flags)
-	}
-	how := unix.OpenHow{
-		Flags:   uint64(flags | unix.O_NOFOLLOW | unix.O_CLOEXEC),
-		Resolve: unix.RESOLVE_BENEATH | unix.RESOLVE_NO_MAGICLINKS,
-	}
-	fd, err := unix.Openat2(n.root.backingFd, n.rel(), &how)
-	if err != nil {
-		if err == unix.ENOENT && !n.isRoot() {
-			return -1, unix.ESTALE
-		}
-		return -1, err
-	}
-	var st unix.Statx_t
-	if err := statxAt(fd, "", &st); err != nil || !n.sameInode(&st) {
-		unix.Close(fd)
-		return -1, unix.ESTALE
-	}
-	return fd, nil
+	return unix.Open(n.self(), flags|unix.O_CLOEXEC, 0)
 }
 
 func (n *node) Open(ctx context.Context, flags uint32) (gofs.FileHandle, uint32, syscall.Errno) {
@@ -78,32 +56,13 @@ type localFile struct {
 	*gofs.LoopbackFile
 	f    *os.File
 	node *node
-
-	// Passthrough accounting: go-fuse silently stops offering backing
-	// files for the whole mount after one registration fails. It asks a
-	// handle for its descriptor only when no other handle of the node is
-	// registered, so a handle that was never asked while no sibling was
-	// registered, and no sibling was registered during its life, means
-	// passthrough was lost.
-	offered     atomic.Bool
-	liveAtOpen  int32
-	totalAtOpen uint64
 }
 
-var (
-	_ = (gofs.FilePassthroughFder)((*localFile)(nil))
-	_ = (gofs.FileReleaser)((*localFile)(nil))
-)
+var _ = (gofs.FilePassthroughFder)((*localFile)(nil))
 
 func newLocalFile(n *node, fd int) *localFile {
 	f := os.NewFile(uintptr(fd), "")
-	return &localFile{
-		LoopbackFile: gofs.NewLoopbackFileFromOS(f),
-		f:            f,
-		node:         n,
-		liveAtOpen:   n.offeredLive.Load(),
-		totalAtOpen:  n.offeredTotal.Load(),
-	}
+	return &localFile{LoopbackFile: gofs.NewLoopbackFileFromOS(f), f: f, node: n}
 }
 
 // PassthroughFd offers the backing descriptor to the kernel, when
@@ -112,31 +71,5 @@ func (lf *localFile) PassthroughFd() (int, bool) {
 	if !lf.node.root.passthrough {
 		return 0, false
 	}
-	fd, ok := lf.LoopbackFile.PassthroughFd()
-	if ok && !lf.offered.Swap(true) {
-		lf.node.offeredLive.Add(1)
-		lf.node.offeredTotal.Add(1)
-	}
-	return fd, ok
+	return lf.LoopbackFile.PassthroughFd()
 }
-
-func (lf *localFile) Release(ctx context.Context) syscall.Errno {
-	if lf.offered.Load() {
-		lf.node.offeredLive.Add(-1)
-	} else if lf.node.root.passthrough && lf.liveAtOpen == 0 && lf.totalAtOpen == lf.node.offeredTotal.Load() {
-		lf.node.root.notePassthroughLost()
-	}
-	return lf.LoopbackFile.Release(ctx)
-}
-
-// notePassthroughLost logs, once, that the kernel no longer gets backing
-// files for this mount.
-func (r *Root) notePassthroughLost() {
-	if !r.passthroughLost.Swap(true) {
-		r.log.Warn("kernel passthrough stopped for this mount: a backing file registration failed; local files are now served through FUSE reads and writes (slower, still correct)")
-	}
-}
-
-// PassthroughLost reports whether passthrough was on at mount and has since
-// been turned off by a failed registration.
-func (r *Root) PassthroughLost() bool { return r.passthroughLost.Load() }

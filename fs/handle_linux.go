@@ -5,9 +5,8 @@ import (
 )
 
 // fileHandle is a backing filesystem's handle for one inode
-// (name_to_handle_at). It names the inode, not a path, so it stays valid
-// across renames, and it holds no kernel resource, so a node that go-fuse
-// drops without telling us leaks nothing.
+// (name_to_handle_at): it names the inode, including the generation number
+// that tells a reused inode number apart.
 type fileHandle struct {
 	h  unix.FileHandle
 	ok bool
@@ -25,10 +24,4 @@ func nameToHandle(dirfd int, path string) (fileHandle, error) {
 		return fileHandle{}, err
 	}
 	return fileHandle{h: h, ok: true}, nil
-}
-
-// open opens the inode behind the handle. mountFd is any descriptor on the
-// same filesystem. An inode that no longer exists gives ESTALE.
-func (fh fileHandle) open(mountFd int, flags int) (int, error) {
-	return unix.OpenByHandleAt(mountFd, fh.h, flags|unix.O_CLOEXEC)
 }

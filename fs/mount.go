@@ -8,6 +8,7 @@ import (
 	"log/slog"
 	"os"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"syscall"
 	"time"
@@ -121,7 +122,7 @@ func (m *Mounted) start() error {
 	// already applied the caller's umask, so tierfs's own must not apply
 	// a second time.
 	unix.Umask(0)
-	raiseFileLimit()
+	raiseFileLimit(cfg.Log)
 
 	entry, attr := cfg.EntryTimeout, cfg.AttrTimeout
 	opts := &gofs.Options{
@@ -144,8 +145,14 @@ func (m *Mounted) start() error {
 	if cfg.Debug {
 		opts.Logger = log.New(os.Stderr, "go-fuse: ", 0)
 	}
-	m.server, err = gofs.Mount(cfg.Mountpoint, m.root.rootNode, opts)
+	raw := &passthroughWatch{RawFileSystem: gofs.NewNodeFS(m.root.rootNode, opts), root: m.root}
+	m.server, err = fuse.NewServer(raw, cfg.Mountpoint, &opts.MountOptions)
 	if err != nil {
+		return mountError(cfg.Mountpoint, err)
+	}
+	go m.server.Serve()
+	if err := m.server.WaitMount(); err != nil {
+		m.server.Unmount()
 		return mountError(cfg.Mountpoint, err)
 	}
 	m.Passthrough = m.probePassthrough()
@@ -311,13 +318,23 @@ func unescapeMountinfo(s string) string {
 	return b.String()
 }
 
-// raiseFileLimit lifts the soft limit of open files to the hard limit:
-// every file the broker holds open through the mount is one open backing
-// file here.
-func raiseFileLimit() {
+// raiseFileLimit lifts the limit of open files as far as the kernel allows
+// (fs.nr_open; root may raise the hard limit too). tierfs holds one
+// descriptor per inode the kernel knows and one per open file.
+func raiseFileLimit(log *slog.Logger) {
 	var lim unix.Rlimit
-	if unix.Getrlimit(unix.RLIMIT_NOFILE, &lim) == nil && lim.Cur < lim.Max {
-		lim.Cur = lim.Max
-		_ = unix.Setrlimit(unix.RLIMIT_NOFILE, &lim)
+	if unix.Getrlimit(unix.RLIMIT_NOFILE, &lim) != nil {
+		return
 	}
+	want := lim.Max
+	if b, err := os.ReadFile("/proc/sys/fs/nr_open"); err == nil {
+		if v, err := strconv.ParseUint(strings.TrimSpace(string(b)), 10, 64); err == nil && v > want {
+			want = v
+		}
+	}
+	if unix.Setrlimit(unix.RLIMIT_NOFILE, &unix.Rlimit{Cur: want, Max: want}) != nil {
+		_ = unix.Setrlimit(unix.RLIMIT_NOFILE, &unix.Rlimit{Cur: lim.Max, Max: lim.Max})
+	}
+	unix.Getrlimit(unix.RLIMIT_NOFILE, &lim)
+	log.Debug("open file limit", "limit", lim.Cur)
 }

@@ -2,7 +2,8 @@ package fs
 
 import (
 	"context"
-	"fmt"
+	"runtime"
+	"strconv"
 	"sync/atomic"
 	"syscall"
 
@@ -13,21 +14,24 @@ import (
 
 // node is one file, directory or symlink of the backing tree.
 //
-// Paths are resolved relative to Root.backingFd. Operations that must reach
-// exactly this inode even while its name is being replaced (open, attribute
-// changes without an open file) go through the file handle instead.
+// Each node holds an O_PATH descriptor of its backing inode for as long as
+// the kernel knows the node (until FORGET). Every operation goes through it:
+// a directory's entries are reached with *at calls on the directory's
+// descriptor, and an open re-opens the descriptor itself. So an operation
+// always reaches the inode the kernel asked about, whatever renames happen
+// meanwhile, and an inode the kernel still knows cannot disappear from under
+// it: an open racing a rename-over opens the old file, as it would natively.
+// (This is what virtiofsd does; go-fuse's loopback re-resolves paths.)
 type node struct {
 	gofs.Inode
 	root *Root
 
-	// handle is set when the node is created and never changes.
-	handle fileHandle
-
-	// Passthrough accounting (see localFile): handles of this node that
-	// were offered to the kernel and are still open, and how many were
-	// ever offered.
-	offeredLive  atomic.Int32
-	offeredTotal atomic.Uint64
+	// fd is the O_PATH descriptor; set at creation, closed by OnForget
+	// (or, for a node that go-fuse discarded in favour of an equal one,
+	// by a cleanup when it is garbage collected).
+	fd      int
+	cleanup runtime.Cleanup
+	closed  atomic.Bool
 }
 
 var (
@@ -40,38 +44,43 @@ var (
 	_ = (gofs.NodeSetxattrer)((*node)(nil))
 	_ = (gofs.NodeRemovexattrer)((*node)(nil))
 	_ = (gofs.NodeListxattrer)((*node)(nil))
+	_ = (gofs.NodeOnForgetter)((*node)(nil))
 )
 
 func (n *node) isRoot() bool { return n == n.root.rootNode }
 
-// rel is the node's path relative to the backing directory ("." for the
-// root). An orphaned node (its last name unlinked) gets a path that does
-// not exist, so path operations on it fail with ENOENT.
-func (n *node) rel() string {
-	if n.isRoot() {
-		return "."
-	}
-	return n.Path(n.root.rootNode.EmbeddedInode())
+// newNode wraps a fresh O_PATH descriptor.
+func newNode(r *Root, fd int) *node {
+	n := &node{root: r, fd: fd}
+	n.cleanup = runtime.AddCleanup(n, closeFd, fd)
+	return n
 }
 
-// childRel is the relative path of the entry name in this directory.
-func (n *node) childRel(name string) string {
-	if n.isRoot() {
-		return name
+func closeFd(fd int) { unix.Close(fd) }
+
+// OnForget closes the descriptor once the kernel has forgotten the node.
+func (n *node) OnForget() {
+	if n.isRoot() || n.closed.Swap(true) {
+		return
 	}
-	return n.rel() + "/" + name
+	n.cleanup.Stop()
+	unix.Close(n.fd)
 }
 
-// procPath reaches a relative path through /proc/self/fd of the backing
-// descriptor, for the calls that have no *at form (xattrs).
-func (n *node) procPath(rel string) string {
-	return fmt.Sprintf("/proc/self/fd/%d/%s", n.root.backingFd, rel)
+// self is "/proc/self/fd/N" for this node's descriptor: the path form of
+// the inode, for the calls that have no descriptor form.
+func (n *node) self() string {
+	return "/proc/self/fd/" + strconv.Itoa(n.fd)
 }
 
 // hides reports whether name is an entry of this directory that the mount
 // never shows.
 func (n *node) hides(name string) bool {
 	return n.isRoot() && name == StateDirName
+}
+
+func (n *node) isSymlink() bool {
+	return n.StableAttr().Mode == syscall.S_IFLNK
 }
 
 const statxMask = unix.STATX_BASIC_STATS | unix.STATX_BTIME
@@ -99,75 +108,37 @@ func fillAttr(out *fuse.Attr, st *unix.Statx_t) {
 	out.Ctime, out.Ctimensec = uint64(st.Ctime.Sec), st.Ctime.Nsec
 }
 
-// openPath returns an O_PATH descriptor of exactly this node's inode.
-// The caller closes it.
-func (n *node) openPath() (int, error) {
-	if n.handle.ok {
-		return n.handle.open(n.root.backingFd, unix.O_PATH|unix.O_NOFOLLOW)
-	}
-	return unix.Openat(n.root.backingFd, n.rel(), unix.O_PATH|unix.O_NOFOLLOW|unix.O_CLOEXEC, 0)
-}
-
-// sameInode reports whether st describes this node's inode.
-func (n *node) sameInode(st *unix.Statx_t) bool {
-	return n.root.stableAttr(st) == n.StableAttr()
-}
-
-// statSelf stats this node's inode: by path first (one syscall), through
-// the handle when the path no longer leads to it.
-func (n *node) statSelf(st *unix.Statx_t) error {
-	if n.isRoot() {
-		return statxAt(n.root.backingFd, "", st)
-	}
-	err := statxAt(n.root.backingFd, n.rel(), st)
-	if err == nil && n.sameInode(st) {
-		return nil
-	}
-	if !n.handle.ok {
-		if err == nil {
-			return syscall.ESTALE
-		}
-		return err
-	}
-	fd, herr := n.openPath()
-	if herr != nil {
-		return herr
-	}
-	defer unix.Close(fd)
-	return statxAt(fd, "", st)
-}
-
-// lookupCreated builds the child node for an entry that exists at rel,
-// identified through one O_PATH descriptor so that its attributes and its
-// handle are certainly of the same inode.
-func (n *node) lookupCreated(ctx context.Context, rel string, out *fuse.EntryOut) (*gofs.Inode, error) {
-	fd, err := unix.Openat(n.root.backingFd, rel, unix.O_PATH|unix.O_NOFOLLOW|unix.O_CLOEXEC, 0)
+// lookupAt builds the child node for the entry name of the directory open
+// at dirfd. Attributes, identity and the node's descriptor all come from one
+// O_PATH open, so they are certainly of the same inode.
+func (n *node) lookupAt(ctx context.Context, name string, out *fuse.EntryOut) (*gofs.Inode, error) {
+	fd, err := unix.Openat(n.fd, name, unix.O_PATH|unix.O_NOFOLLOW|unix.O_CLOEXEC, 0)
 	if err != nil {
 		return nil, err
 	}
-	defer unix.Close(fd)
-	return n.childFromFd(ctx, fd, out)
+	return n.childFromPathFd(ctx, fd, out)
 }
 
-// childFromFd builds the child node for the inode open at fd.
-func (n *node) childFromFd(ctx context.Context, fd int, out *fuse.EntryOut) (*gofs.Inode, error) {
+// childFromPathFd builds a child node that owns the O_PATH descriptor fd.
+func (n *node) childFromPathFd(ctx context.Context, fd int, out *fuse.EntryOut) (*gofs.Inode, error) {
 	var st unix.Statx_t
 	if err := statxAt(fd, "", &st); err != nil {
+		unix.Close(fd)
 		return nil, err
 	}
-	child := &node{root: n.root}
+	var h fileHandle
 	if n.root.handles {
-		child.handle, _ = nameToHandle(fd, "")
+		h, _ = nameToHandle(fd, "")
 	}
 	fillAttr(&out.Attr, &st)
-	return n.NewInode(ctx, child, n.root.stableAttr(&st)), nil
+	return n.NewInode(ctx, newNode(n.root, fd), n.root.stableAttr(&st, h)), nil
 }
 
 func (n *node) Lookup(ctx context.Context, name string, out *fuse.EntryOut) (*gofs.Inode, syscall.Errno) {
 	if n.hides(name) {
 		return nil, syscall.ENOENT
 	}
-	ch, err := n.lookupCreated(ctx, n.childRel(name), out)
+	ch, err := n.lookupAt(ctx, name, out)
 	return ch, toErrno(err)
 }
 
@@ -176,7 +147,7 @@ func (n *node) Getattr(ctx context.Context, f gofs.FileHandle, out *fuse.AttrOut
 		return fga.Getattr(ctx, out)
 	}
 	var st unix.Statx_t
-	if err := n.statSelf(&st); err != nil {
+	if err := statxAt(n.fd, "", &st); err != nil {
 		return toErrno(err)
 	}
 	fillAttr(&out.Attr, &st)
@@ -187,16 +158,11 @@ func (n *node) Setattr(ctx context.Context, f gofs.FileHandle, in *fuse.SetAttrI
 	if fsa, ok := f.(gofs.FileSetattrer); ok {
 		return fsa.Setattr(ctx, in, out)
 	}
-	fd, err := n.openPath()
-	if err != nil {
-		return toErrno(err)
-	}
-	defer unix.Close(fd)
-	if err := setattrFd(fd, in); err != nil {
+	if err := setattrFd(n.fd, in); err != nil {
 		return toErrno(err)
 	}
 	var st unix.Statx_t
-	if err := statxAt(fd, "", &st); err != nil {
+	if err := statxAt(n.fd, "", &st); err != nil {
 		return toErrno(err)
 	}
 	fillAttr(&out.Attr, &st)
@@ -206,7 +172,7 @@ func (n *node) Setattr(ctx context.Context, f gofs.FileHandle, in *fuse.SetAttrI
 // setattrFd applies a SETATTR to the inode open at the O_PATH descriptor fd.
 // The size is changed before the times, so an explicit mtime is kept.
 func setattrFd(fd int, in *fuse.SetAttrIn) error {
-	self := fmt.Sprintf("/proc/self/fd/%d", fd)
+	self := "/proc/self/fd/" + strconv.Itoa(fd)
 	if m, ok := in.GetMode(); ok {
 		if err := unix.Fchmodat(unix.AT_FDCWD, self, m, 0); err != nil {
 			return err
@@ -263,7 +229,7 @@ func (n *node) Statfs(ctx context.Context, out *fuse.StatfsOut) syscall.Errno {
 func (n *node) Readlink(ctx context.Context) ([]byte, syscall.Errno) {
 	for size := 256; ; size *= 2 {
 		buf := make([]byte, size)
-		got, err := unix.Readlinkat(n.root.backingFd, n.rel(), buf)
+		got, err := unix.Readlinkat(n.fd, "", buf)
 		if err != nil {
 			return nil, toErrno(err)
 		}
@@ -273,20 +239,36 @@ func (n *node) Readlink(ctx context.Context) ([]byte, syscall.Errno) {
 	}
 }
 
+// Extended attributes have no O_PATH-descriptor calls. Through the magic
+// link of the descriptor they reach the inode itself; symlinks (which can
+// only carry trusted and security attributes) have no xattr support here.
+
 func (n *node) Getxattr(ctx context.Context, attr string, dest []byte) (uint32, syscall.Errno) {
-	sz, err := unix.Lgetxattr(n.procPath(n.rel()), attr, dest)
+	if n.isSymlink() {
+		return 0, syscall.ENODATA
+	}
+	sz, err := unix.Getxattr(n.self(), attr, dest)
 	return uint32(sz), toErrno(err)
 }
 
 func (n *node) Setxattr(ctx context.Context, attr string, data []byte, flags uint32) syscall.Errno {
-	return toErrno(unix.Lsetxattr(n.procPath(n.rel()), attr, data, int(flags)))
+	if n.isSymlink() {
+		return syscall.EPERM
+	}
+	return toErrno(unix.Setxattr(n.self(), attr, data, int(flags)))
 }
 
 func (n *node) Removexattr(ctx context.Context, attr string) syscall.Errno {
-	return toErrno(unix.Lremovexattr(n.procPath(n.rel()), attr))
+	if n.isSymlink() {
+		return syscall.ENODATA
+	}
+	return toErrno(unix.Removexattr(n.self(), attr))
 }
 
 func (n *node) Listxattr(ctx context.Context, dest []byte) (uint32, syscall.Errno) {
-	sz, err := unix.Llistxattr(n.procPath(n.rel()), dest)
+	if n.isSymlink() {
+		return 0, 0
+	}
+	sz, err := unix.Listxattr(n.self(), dest)
 	return uint32(sz), toErrno(err)
 }

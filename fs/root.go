@@ -2,9 +2,9 @@ package fs
 
 import (
 	"fmt"
+	"hash/fnv"
 	"log/slog"
 	"os"
-	"sync"
 	"sync/atomic"
 	"syscall"
 
@@ -20,18 +20,18 @@ const StateDirName = ".tierfs"
 // backing directory and the settings every node reads. Its fields are set
 // once by newRoot and never change, except the counters, which are atomic.
 type Root struct {
-	// backingFd is a descriptor of the backing directory, opened
-	// before the mount. Every lower path is resolved relative to it, so a
-	// mount placed over the backing directory itself (an in-place mount)
-	// never sends requests back into the mount. It is not O_PATH because
-	// open_by_handle_at needs a real descriptor of the filesystem.
+	// backingFd is a descriptor of the backing directory, opened before
+	// the mount. Every node is reached from it (see node), so a mount
+	// placed over the backing directory itself (an in-place mount) never
+	// sends requests back into the mount.
 	backingFd   int
 	backingPath string
 	dev         uint64
 	log         *slog.Logger
 
 	// handles says whether the backing filesystem supports file handles
-	// (name_to_handle_at). With them, an open reaches exactly the inode the
+	// (name_to_handle_at); they give inodes a reliable generation (see
+	// stableAttr).
 	// kernel asked for, even while a rename replaces the name.
 	handles bool
 
@@ -45,7 +45,6 @@ type Root struct {
 
 	passthroughLost atomic.Bool
 	rootNode        *node
-	onceWarnOrphan  sync.Once
 }
 
 // rootConfig is what newRoot needs.
@@ -76,13 +75,15 @@ func newRoot(cfg rootConfig) (*Root, error) {
 	if r.log == nil {
 		r.log = slog.New(slog.DiscardHandler)
 	}
-	h, err := nameToHandle(fd, "")
-	r.handles = err == nil && os.Geteuid() == 0
+	_, err = nameToHandle(fd, "")
+	r.handles = err == nil
 	if !r.handles {
-		r.log.Warn("backing filesystem does not support file handles; opens go by path, and an open racing a rename-over may be retried by the kernel",
+		r.log.Warn("backing filesystem does not support file handles; inode generations fall back to birth times, which can repeat when inode numbers are reused quickly",
 			"backing", cfg.backingDir, "err", err)
 	}
-	r.rootNode = &node{root: r, handle: h}
+	// The root node's descriptor is the backing descriptor; it is closed
+	// by close, not by OnForget.
+	r.rootNode = &node{root: r, fd: fd}
 	return r, nil
 }
 
@@ -104,17 +105,32 @@ func (r *Root) stateDirPath() (string, error) {
 
 // stableAttr builds the identity go-fuse uses to recognise an inode: the
 // backing inode number (with the device mixed in when it is not the
-// backing directory's own) and a generation from the birth time, so that a
-// reused inode number is not mistaken for the old file.
-func (r *Root) stableAttr(st *unix.Statx_t) gofs.StableAttr {
+// backing directory's own) and a generation that tells a reused inode
+// number from the file that had it before.
+//
+// The generation comes from the file handle where there is one: it carries
+// the filesystem's own generation number (ext4 and xfs draw a new one for
+// every inode they allocate). The birth time is the fallback; it is not
+// enough on its own, because it has the kernel's coarse clock granularity
+// and ext4 reuses a freed inode number at once: a checkpoint file written
+// and renamed over its predecessor within the same tick would look like the
+// file it replaced.
+func (r *Root) stableAttr(st *unix.Statx_t, h fileHandle) gofs.StableAttr {
 	dev := unix.Mkdev(st.Dev_major, st.Dev_minor)
 	ino := st.Ino
 	if dev != r.dev {
 		ino ^= (dev << 32) | (dev >> 32)
 	}
-	gen := uint64(1)
-	if st.Mask&unix.STATX_BTIME != 0 && (st.Btime.Sec != 0 || st.Btime.Nsec != 0) {
+	var gen uint64
+	if h.ok {
+		f := fnv.New64a()
+		f.Write(h.h.Bytes())
+		gen = f.Sum64()
+	} else if st.Mask&unix.STATX_BTIME != 0 {
 		gen = uint64(st.Btime.Sec)*1e9 + uint64(st.Btime.Nsec)
+	}
+	if gen == 0 {
+		gen = 1
 	}
 	return gofs.StableAttr{Mode: uint32(st.Mode) & syscall.S_IFMT, Ino: ino, Gen: gen}
 }

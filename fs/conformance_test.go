@@ -1,0 +1,50 @@
+package fs
+
+import (
+	"os"
+	"path/filepath"
+	"testing"
+
+	"github.com/tierfs/tierfs/fs/posixtest"
+)
+
+// TestConformance runs every posixtest case on a plain directory and on a
+// tierfs mount, with and without kernel passthrough, and requires the same
+// observations.
+func TestConformance(t *testing.T) {
+	for _, variant := range []struct {
+		name        string
+		passthrough bool
+	}{{"passthrough", true}, {"fuse-io", false}} {
+		t.Run(variant.name, func(t *testing.T) {
+			srv := mountTest(t, "", variant.passthrough)
+			mnt := srv.Mountpoint
+			if variant.passthrough && !srv.Passthrough {
+				t.Fatalf("passthrough requested but off:\n%s", srv.Log())
+			}
+			native := t.TempDir()
+			for _, c := range posixtest.Cases() {
+				t.Run(c.Name, func(t *testing.T) {
+					want := runCase(t, c, filepath.Join(native, c.Name))
+					got := runCase(t, c, filepath.Join(mnt, c.Name))
+					if d := posixtest.Diff(want, got); d != "" {
+						t.Errorf("mount differs from native:\n%s", d)
+					}
+				})
+			}
+			if srv.PassthroughLost() {
+				t.Errorf("passthrough was lost during the run")
+			}
+		})
+	}
+}
+
+func runCase(t *testing.T, c posixtest.Case, dir string) *posixtest.Transcript {
+	t.Helper()
+	if err := os.Mkdir(dir, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	tr := &posixtest.Transcript{}
+	c.Run(t, dir, tr)
+	return tr
+}

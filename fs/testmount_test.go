@@ -1,0 +1,207 @@
+package fs
+
+import (
+	"bufio"
+	"bytes"
+	"fmt"
+	"log/slog"
+	"os"
+	"os/exec"
+	"os/signal"
+	"path/filepath"
+	"strings"
+	"sync"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/tierfs/tierfs/fs/posixtest"
+	"golang.org/x/sys/unix"
+)
+
+// Environment of the server helper (see serveForTest).
+const (
+	serveBackingEnv     = "TIERFS_TEST_SERVE_BACKING"
+	serveMountpointEnv  = "TIERFS_TEST_SERVE_MOUNTPOINT"
+	servePassthroughEnv = "TIERFS_TEST_SERVE_PASSTHROUGH"
+)
+
+func TestMain(m *testing.M) {
+	posixtest.RunHelperIfAsked()
+	if os.Getenv(serveMountpointEnv) != "" {
+		os.Exit(serveForTest())
+	}
+	os.Exit(m.Run())
+}
+
+// serveForTest is the body of the server process: it mounts, says READY on
+// stdout, and serves until unmounted or signalled.
+//
+// Tests never serve a mount from their own process: a page fault on a
+// mapped FUSE file (the mmap cases without passthrough) blocks its thread
+// outside any system call, the Go runtime cannot stop that thread for a
+// garbage collection, and the collection then waits forever for a server
+// that it has itself stopped.
+func serveForTest() int {
+	log := slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelDebug}))
+	m, err := Mount(Config{
+		Backing:      os.Getenv(serveBackingEnv),
+		Mountpoint:   os.Getenv(serveMountpointEnv),
+		Passthrough:  os.Getenv(servePassthroughEnv) == "1",
+		EntryTimeout: time.Second,
+		AttrTimeout:  time.Second,
+		Log:          log,
+	})
+	if err != nil {
+		fmt.Fprintln(os.Stderr, "mount:", err)
+		return 1
+	}
+	fmt.Printf("READY passthrough=%v reason=%q\n", m.Passthrough.On, m.Passthrough.Reason)
+	sigs := make(chan os.Signal, 1)
+	signal.Notify(sigs, syscall.SIGTERM)
+	go func() {
+		<-sigs
+		if m.Unmount(false) != nil {
+			m.Unmount(true)
+		}
+	}()
+	m.Wait()
+	return 0
+}
+
+// requireMount skips tests that need a kernel mount where one cannot be
+// made. CI runs as root with /dev/fuse, so there they always run.
+func requireMount(t testing.TB) {
+	t.Helper()
+	if os.Geteuid() != 0 {
+		t.Skip("needs root to mount FUSE")
+	}
+	if _, err := os.Stat("/dev/fuse"); err != nil {
+		t.Skip("needs /dev/fuse")
+	}
+}
+
+// testServer is a mount served by a child process.
+type testServer struct {
+	Mountpoint  string
+	Passthrough bool
+	cmd         *exec.Cmd
+	mu          sync.Mutex
+	log         bytes.Buffer
+	done        chan struct{}
+}
+
+// Log returns what the server logged so far.
+func (s *testServer) Log() string {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.log.String()
+}
+
+// PassthroughLost reports whether the server logged that passthrough
+// stopped.
+func (s *testServer) PassthroughLost() bool {
+	return strings.Contains(s.Log(), "kernel passthrough stopped")
+}
+
+// Stop unmounts and waits for the server to exit.
+func (s *testServer) Stop(t testing.TB) {
+	t.Helper()
+	deadline := time.Now().Add(10 * time.Second)
+	for {
+		err := unix.Unmount(s.Mountpoint, 0)
+		if err == nil || err == unix.EINVAL {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Errorf("unmount %s: %v; detaching", s.Mountpoint, err)
+			unix.Unmount(s.Mountpoint, unix.MNT_DETACH)
+			break
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+	select {
+	case <-s.done:
+	case <-time.After(10 * time.Second):
+		t.Errorf("server did not exit; killing it")
+		s.cmd.Process.Kill()
+		<-s.done
+	}
+}
+
+// mountTest serves backing at a new mount point from a child process and
+// unmounts it when the test ends. An empty backing mounts a new empty
+// directory.
+func mountTest(t testing.TB, backing string, passthrough bool) *testServer {
+	t.Helper()
+	requireMount(t)
+	if backing == "" {
+		backing = filepath.Join(t.TempDir(), "backing")
+		if err := os.Mkdir(backing, 0o755); err != nil {
+			t.Fatal(err)
+		}
+	}
+	mnt := filepath.Join(t.TempDir(), "mnt")
+	if err := os.Mkdir(mnt, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	return startServer(t, backing, mnt, passthrough)
+}
+
+// startServer starts the server process for backing at mnt.
+func startServer(t testing.TB, backing, mnt string, passthrough bool) *testServer {
+	t.Helper()
+	pt := "0"
+	if passthrough {
+		pt = "1"
+	}
+	cmd := exec.Command(os.Args[0], "-test.run=^$")
+	cmd.Env = append(os.Environ(), serveBackingEnv+"="+backing, serveMountpointEnv+"="+mnt, servePassthroughEnv+"="+pt)
+	s := &testServer{Mountpoint: mnt, cmd: cmd, done: make(chan struct{})}
+	stdout, err := cmd.StdoutPipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	stderr, err := cmd.StderrPipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	go func() {
+		sc := bufio.NewScanner(stderr)
+		for sc.Scan() {
+			s.mu.Lock()
+			s.log.WriteString(sc.Text() + "\n")
+			s.mu.Unlock()
+		}
+	}()
+	ready := make(chan string, 1)
+	go func() {
+		sc := bufio.NewScanner(stdout)
+		for sc.Scan() {
+			if strings.HasPrefix(sc.Text(), "READY") {
+				ready <- sc.Text()
+			}
+		}
+		cmd.Wait()
+		close(s.done)
+	}()
+	select {
+	case line := <-ready:
+		s.Passthrough = strings.Contains(line, "passthrough=true")
+	case <-s.done:
+		t.Fatalf("server exited before mounting:\n%s", s.Log())
+	case <-time.After(20 * time.Second):
+		cmd.Process.Kill()
+		t.Fatalf("server did not mount in time:\n%s", s.Log())
+	}
+	t.Cleanup(func() {
+		s.Stop(t)
+		if t.Failed() {
+			t.Logf("server log:\n%s", s.Log())
+		}
+	})
+	return s
+}
