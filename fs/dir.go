@@ -25,7 +25,7 @@ var (
 // chownToCaller gives a new entry to the process that created it. tierfs
 // runs as root, so without this every file would belong to root. In a
 // set-group-ID directory the group the backing filesystem chose is kept.
-func (n *node) chownToCaller(ctx context.Context, name string) {
+func (n *node) chownToCaller(ctx context.Context, dfd int, name string) {
 	if !n.root.asRoot {
 		return
 	}
@@ -35,20 +35,20 @@ func (n *node) chownToCaller(ctx context.Context, name string) {
 	}
 	gid := int(caller.Gid)
 	var dir unix.Statx_t
-	if statxAt(n.fd, "", &dir) == nil && dir.Mode&unix.S_ISGID != 0 {
+	if statxAt(dfd, "", &dir) == nil && dir.Mode&unix.S_ISGID != 0 {
 		gid = -1
 	}
-	_ = unix.Fchownat(n.fd, name, int(caller.Uid), gid, unix.AT_SYMLINK_NOFOLLOW)
+	_ = unix.Fchownat(dfd, name, int(caller.Uid), gid, unix.AT_SYMLINK_NOFOLLOW)
 }
 
 // created finishes an operation that made the entry name: ownership, then
 // the node. When the node cannot be built the entry is removed again, so a
 // failed request leaves nothing behind.
-func (n *node) created(ctx context.Context, name string, out *fuse.EntryOut, removeFlags int) (*gofs.Inode, syscall.Errno) {
-	n.chownToCaller(ctx, name)
-	ch, err := n.lookupAt(ctx, name, out)
+func (n *node) created(ctx context.Context, dfd int, name string, out *fuse.EntryOut, removeFlags int) (*gofs.Inode, syscall.Errno) {
+	n.chownToCaller(ctx, dfd, name)
+	ch, err := n.lookupAt(ctx, dfd, name, out)
 	if err != nil {
-		_ = unix.Unlinkat(n.fd, name, removeFlags)
+		_ = unix.Unlinkat(dfd, name, removeFlags)
 		return nil, toErrno(err)
 	}
 	return ch, 0
@@ -58,30 +58,45 @@ func (n *node) Mkdir(ctx context.Context, name string, mode uint32, out *fuse.En
 	if n.hides(name) {
 		return nil, syscall.EEXIST
 	}
-	if err := unix.Mkdirat(n.fd, name, mode); err != nil {
+	dfd, unpin, err := n.pin()
+	if err != nil {
 		return nil, toErrno(err)
 	}
-	return n.created(ctx, name, out, unix.AT_REMOVEDIR)
+	defer unpin()
+	if err := unix.Mkdirat(dfd, name, mode); err != nil {
+		return nil, toErrno(err)
+	}
+	return n.created(ctx, dfd, name, out, unix.AT_REMOVEDIR)
 }
 
 func (n *node) Mknod(ctx context.Context, name string, mode, rdev uint32, out *fuse.EntryOut) (*gofs.Inode, syscall.Errno) {
 	if n.hides(name) {
 		return nil, syscall.EEXIST
 	}
-	if err := unix.Mknodat(n.fd, name, mode, int(rdev)); err != nil {
+	dfd, unpin, err := n.pin()
+	if err != nil {
 		return nil, toErrno(err)
 	}
-	return n.created(ctx, name, out, 0)
+	defer unpin()
+	if err := unix.Mknodat(dfd, name, mode, int(rdev)); err != nil {
+		return nil, toErrno(err)
+	}
+	return n.created(ctx, dfd, name, out, 0)
 }
 
 func (n *node) Symlink(ctx context.Context, target, name string, out *fuse.EntryOut) (*gofs.Inode, syscall.Errno) {
 	if n.hides(name) {
 		return nil, syscall.EEXIST
 	}
-	if err := unix.Symlinkat(target, n.fd, name); err != nil {
+	dfd, unpin, err := n.pin()
+	if err != nil {
 		return nil, toErrno(err)
 	}
-	return n.created(ctx, name, out, 0)
+	defer unpin()
+	if err := unix.Symlinkat(target, dfd, name); err != nil {
+		return nil, toErrno(err)
+	}
+	return n.created(ctx, dfd, name, out, 0)
 }
 
 func (n *node) Link(ctx context.Context, target gofs.InodeEmbedder, name string, out *fuse.EntryOut) (*gofs.Inode, syscall.Errno) {
@@ -95,10 +110,20 @@ func (n *node) Link(ctx context.Context, target gofs.InodeEmbedder, name string,
 	// AT_EMPTY_PATH links the inode itself, even one whose last name is
 	// gone but that is still open (it needs CAP_DAC_READ_SEARCH, which
 	// root has).
-	if err := unix.Linkat(src.fd, "", n.fd, name, unix.AT_EMPTY_PATH); err != nil {
+	dfd, unpin, err := n.pin()
+	if err != nil {
 		return nil, toErrno(err)
 	}
-	ch, err := n.lookupAt(ctx, name, out)
+	defer unpin()
+	sfd, unpinSrc, err := src.pin()
+	if err != nil {
+		return nil, toErrno(err)
+	}
+	defer unpinSrc()
+	if err := unix.Linkat(sfd, "", dfd, name, unix.AT_EMPTY_PATH); err != nil {
+		return nil, toErrno(err)
+	}
+	ch, err := n.lookupAt(ctx, dfd, name, out)
 	return ch, toErrno(err)
 }
 
@@ -106,11 +131,16 @@ func (n *node) Create(ctx context.Context, name string, flags uint32, mode uint3
 	if n.hides(name) {
 		return nil, nil, 0, syscall.EEXIST
 	}
-	fd, err := unix.Openat(n.fd, name, openFlags(flags)|unix.O_CREAT, mode)
+	dfd, unpin, err := n.pin()
 	if err != nil {
 		return nil, nil, 0, toErrno(err)
 	}
-	n.chownToCaller(ctx, name)
+	defer unpin()
+	fd, err := unix.Openat(dfd, name, openFlags(flags)|unix.O_CREAT, mode)
+	if err != nil {
+		return nil, nil, 0, toErrno(err)
+	}
+	n.chownToCaller(ctx, dfd, name)
 	// The node's descriptor comes from the open file, not from the name,
 	// which another process could already have replaced.
 	pfd, err := unix.Open("/proc/self/fd/"+strconv.Itoa(fd), unix.O_PATH|unix.O_CLOEXEC, 0)
@@ -130,14 +160,24 @@ func (n *node) Unlink(ctx context.Context, name string) syscall.Errno {
 	if n.hides(name) {
 		return syscall.EPERM
 	}
-	return toErrno(unix.Unlinkat(n.fd, name, 0))
+	dfd, unpin, err := n.pin()
+	if err != nil {
+		return toErrno(err)
+	}
+	defer unpin()
+	return toErrno(unix.Unlinkat(dfd, name, 0))
 }
 
 func (n *node) Rmdir(ctx context.Context, name string) syscall.Errno {
 	if n.hides(name) {
 		return syscall.EPERM
 	}
-	return toErrno(unix.Unlinkat(n.fd, name, unix.AT_REMOVEDIR))
+	dfd, unpin, err := n.pin()
+	if err != nil {
+		return toErrno(err)
+	}
+	defer unpin()
+	return toErrno(unix.Unlinkat(dfd, name, unix.AT_REMOVEDIR))
 }
 
 func (n *node) Rename(ctx context.Context, name string, newParent gofs.InodeEmbedder, newName string, flags uint32) syscall.Errno {
@@ -148,7 +188,17 @@ func (n *node) Rename(ctx context.Context, name string, newParent gofs.InodeEmbe
 	if n.hides(name) || dst.hides(newName) {
 		return syscall.EPERM
 	}
-	return toErrno(unix.Renameat2(n.fd, name, dst.fd, newName, uint(flags)))
+	dfd, unpin, err := n.pin()
+	if err != nil {
+		return toErrno(err)
+	}
+	defer unpin()
+	tfd, unpinDst, err := dst.pin()
+	if err != nil {
+		return toErrno(err)
+	}
+	defer unpinDst()
+	return toErrno(unix.Renameat2(dfd, name, tfd, newName, uint(flags)))
 }
 
 func (n *node) OpendirHandle(ctx context.Context, flags uint32) (gofs.FileHandle, uint32, syscall.Errno) {

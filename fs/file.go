@@ -24,9 +24,13 @@ func openFlags(flags uint32) int {
 }
 
 // openSelf opens this node's inode by re-opening its O_PATH descriptor
-// through /proc, so it cannot land on a file that replaced the name.
+// through /proc (or its file handle), so it cannot land on a file that
+// replaced the name.
 func (n *node) openSelf(flags int) (int, error) {
-	return unix.Open(n.self(), flags|unix.O_CLOEXEC, 0)
+	if n.fd < 0 {
+		return n.handle.open(n.root.backingFd, flags)
+	}
+	return unix.Open(procFd(n.fd), flags|unix.O_CLOEXEC, 0)
 }
 
 func (n *node) Open(ctx context.Context, flags uint32) (gofs.FileHandle, uint32, syscall.Errno) {

@@ -25,3 +25,15 @@ func nameToHandle(dirfd int, path string) (fileHandle, error) {
 	}
 	return fileHandle{h: h, ok: true}, nil
 }
+
+// open opens the inode behind the handle; mountFd is a descriptor (not
+// O_PATH) on the same filesystem. An inode that no longer exists is ESTALE:
+// ext4 reports a handle of an inode being freed as ENOMEM or ENOENT, and
+// both mean that this handle no longer names a file.
+func (fh fileHandle) open(mountFd int, flags int) (int, error) {
+	fd, err := unix.OpenByHandleAt(mountFd, fh.h, flags|unix.O_CLOEXEC)
+	if err == unix.ENOMEM || err == unix.ENOENT {
+		err = unix.ESTALE
+	}
+	return fd, err
+}

@@ -37,6 +37,11 @@ type Config struct {
 	EntryTimeout time.Duration
 	AttrTimeout  time.Duration
 
+	// MaxNodeFds caps the descriptors held for inodes the kernel knows
+	// (0: half the open-file limit). Past it, inodes are reached through
+	// file handles.
+	MaxNodeFds int
+
 	// Debug logs every FUSE request.
 	Debug bool
 
@@ -97,7 +102,7 @@ func Mount(cfg Config) (*Mounted, error) {
 	if err := checkCanMount(cfg.Mountpoint); err != nil {
 		return nil, err
 	}
-	root, err := newRoot(rootConfig{backingDir: cfg.Backing, passthrough: cfg.Passthrough, log: cfg.Log})
+	root, err := newRoot(rootConfig{backingDir: cfg.Backing, passthrough: cfg.Passthrough, maxNodeFds: cfg.MaxNodeFds, log: cfg.Log})
 	if err != nil {
 		return nil, err
 	}
@@ -122,7 +127,6 @@ func (m *Mounted) start() error {
 	// already applied the caller's umask, so tierfs's own must not apply
 	// a second time.
 	unix.Umask(0)
-	raiseFileLimit(cfg.Log)
 
 	entry, attr := cfg.EntryTimeout, cfg.AttrTimeout
 	opts := &gofs.Options{
@@ -321,10 +325,10 @@ func unescapeMountinfo(s string) string {
 // raiseFileLimit lifts the limit of open files as far as the kernel allows
 // (fs.nr_open; root may raise the hard limit too). tierfs holds one
 // descriptor per inode the kernel knows and one per open file.
-func raiseFileLimit(log *slog.Logger) {
+func raiseFileLimit(log *slog.Logger) uint64 {
 	var lim unix.Rlimit
 	if unix.Getrlimit(unix.RLIMIT_NOFILE, &lim) != nil {
-		return
+		return 1024
 	}
 	want := lim.Max
 	if b, err := os.ReadFile("/proc/sys/fs/nr_open"); err == nil {
@@ -337,4 +341,5 @@ func raiseFileLimit(log *slog.Logger) {
 	}
 	unix.Getrlimit(unix.RLIMIT_NOFILE, &lim)
 	log.Debug("open file limit", "limit", lim.Cur)
+	return lim.Cur
 }

@@ -14,22 +14,30 @@ import (
 
 // node is one file, directory or symlink of the backing tree.
 //
-// Each node holds an O_PATH descriptor of its backing inode for as long as
-// the kernel knows the node (until FORGET). Every operation goes through it:
-// a directory's entries are reached with *at calls on the directory's
-// descriptor, and an open re-opens the descriptor itself. So an operation
-// always reaches the inode the kernel asked about, whatever renames happen
-// meanwhile, and an inode the kernel still knows cannot disappear from under
-// it: an open racing a rename-over opens the old file, as it would natively.
-// (This is what virtiofsd does; go-fuse's loopback re-resolves paths.)
+// A node normally holds an O_PATH descriptor of its backing inode for as
+// long as the kernel knows the node (until FORGET), and every operation goes
+// through it: a directory's entries are reached with *at calls on the
+// directory's descriptor, and an open re-opens the descriptor itself. So an
+// operation always reaches the inode the kernel asked about, whatever renames
+// happen meanwhile, and an inode the kernel still knows cannot disappear
+// from under it: an open racing a rename-over opens the old file, as it
+// would natively. (virtiofsd works the same way; go-fuse's loopback
+// re-resolves paths and fails that race.)
+//
+// Descriptors are bounded (Root.fdBudget). Past the budget a node keeps only
+// the inode's file handle and opens it when needed (open_by_handle_at). Such
+// a node can find its inode gone when every name and every open of it
+// disappeared; that is ESTALE, on which the kernel redoes the lookup once.
 type node struct {
 	gofs.Inode
 	root *Root
 
-	// fd is the O_PATH descriptor; set at creation, closed by OnForget
-	// (or, for a node that go-fuse discarded in favour of an equal one,
-	// by a cleanup when it is garbage collected).
+	// fd is the O_PATH descriptor, or -1 for a node that has only handle.
+	// Both are set at creation and never change; fd is closed by OnForget
+	// (or, for a node go-fuse discarded in favour of an equal one, by a
+	// cleanup when it is garbage collected).
 	fd      int
+	handle  fileHandle
 	cleanup runtime.Cleanup
 	closed  atomic.Bool
 }
@@ -49,28 +57,52 @@ var (
 
 func (n *node) isRoot() bool { return n == n.root.rootNode }
 
-// newNode wraps a fresh O_PATH descriptor.
-func newNode(r *Root, fd int) *node {
-	n := &node{root: r, fd: fd}
-	n.cleanup = runtime.AddCleanup(n, closeFd, fd)
+// newNode makes the node for the inode open at the O_PATH descriptor fd,
+// and takes ownership of fd: it keeps it, or closes it when the descriptor
+// budget is spent and the inode has a file handle.
+func newNode(r *Root, fd int, h fileHandle) *node {
+	if h.ok && r.heldFds.Load() >= r.fdBudget {
+		unix.Close(fd)
+		return &node{root: r, fd: -1, handle: h}
+	}
+	r.heldFds.Add(1)
+	n := &node{root: r, fd: fd, handle: h}
+	n.cleanup = runtime.AddCleanup(n, r.releaseFd, fd)
 	return n
 }
 
-func closeFd(fd int) { unix.Close(fd) }
+// releaseFd closes a node's descriptor and returns it to the budget.
+func (r *Root) releaseFd(fd int) {
+	unix.Close(fd)
+	r.heldFds.Add(-1)
+}
 
 // OnForget closes the descriptor once the kernel has forgotten the node.
 func (n *node) OnForget() {
-	if n.isRoot() || n.closed.Swap(true) {
+	if n.isRoot() || n.fd < 0 || n.closed.Swap(true) {
 		return
 	}
 	n.cleanup.Stop()
-	unix.Close(n.fd)
+	n.root.releaseFd(n.fd)
 }
 
-// self is "/proc/self/fd/N" for this node's descriptor: the path form of
-// the inode, for the calls that have no descriptor form.
-func (n *node) self() string {
-	return "/proc/self/fd/" + strconv.Itoa(n.fd)
+// pin returns an O_PATH descriptor of this node's inode for the length of
+// one operation; the caller calls unpin when done.
+func (n *node) pin() (fd int, unpin func(), err error) {
+	if n.fd >= 0 {
+		return n.fd, func() {}, nil
+	}
+	fd, err = n.handle.open(n.root.backingFd, unix.O_PATH|unix.O_NOFOLLOW)
+	if err != nil {
+		return -1, nil, err
+	}
+	return fd, func() { unix.Close(fd) }, nil
+}
+
+// procFd is "/proc/self/fd/N": the path form of a descriptor's inode, for
+// the calls that have no descriptor form.
+func procFd(fd int) string {
+	return "/proc/self/fd/" + strconv.Itoa(fd)
 }
 
 // hides reports whether name is an entry of this directory that the mount
@@ -111,8 +143,8 @@ func fillAttr(out *fuse.Attr, st *unix.Statx_t) {
 // lookupAt builds the child node for the entry name of the directory open
 // at dirfd. Attributes, identity and the node's descriptor all come from one
 // O_PATH open, so they are certainly of the same inode.
-func (n *node) lookupAt(ctx context.Context, name string, out *fuse.EntryOut) (*gofs.Inode, error) {
-	fd, err := unix.Openat(n.fd, name, unix.O_PATH|unix.O_NOFOLLOW|unix.O_CLOEXEC, 0)
+func (n *node) lookupAt(ctx context.Context, dfd int, name string, out *fuse.EntryOut) (*gofs.Inode, error) {
+	fd, err := unix.Openat(dfd, name, unix.O_PATH|unix.O_NOFOLLOW|unix.O_CLOEXEC, 0)
 	if err != nil {
 		return nil, err
 	}
@@ -131,14 +163,19 @@ func (n *node) childFromPathFd(ctx context.Context, fd int, out *fuse.EntryOut) 
 		h, _ = nameToHandle(fd, "")
 	}
 	fillAttr(&out.Attr, &st)
-	return n.NewInode(ctx, newNode(n.root, fd), n.root.stableAttr(&st, h)), nil
+	return n.NewInode(ctx, newNode(n.root, fd, h), n.root.stableAttr(&st, h)), nil
 }
 
 func (n *node) Lookup(ctx context.Context, name string, out *fuse.EntryOut) (*gofs.Inode, syscall.Errno) {
 	if n.hides(name) {
 		return nil, syscall.ENOENT
 	}
-	ch, err := n.lookupAt(ctx, name, out)
+	dfd, unpin, err := n.pin()
+	if err != nil {
+		return nil, toErrno(err)
+	}
+	defer unpin()
+	ch, err := n.lookupAt(ctx, dfd, name, out)
 	return ch, toErrno(err)
 }
 
@@ -146,8 +183,13 @@ func (n *node) Getattr(ctx context.Context, f gofs.FileHandle, out *fuse.AttrOut
 	if fga, ok := f.(gofs.FileGetattrer); ok {
 		return fga.Getattr(ctx, out)
 	}
+	fd, unpin, err := n.pin()
+	if err != nil {
+		return toErrno(err)
+	}
+	defer unpin()
 	var st unix.Statx_t
-	if err := statxAt(n.fd, "", &st); err != nil {
+	if err := statxAt(fd, "", &st); err != nil {
 		return toErrno(err)
 	}
 	fillAttr(&out.Attr, &st)
@@ -158,11 +200,16 @@ func (n *node) Setattr(ctx context.Context, f gofs.FileHandle, in *fuse.SetAttrI
 	if fsa, ok := f.(gofs.FileSetattrer); ok {
 		return fsa.Setattr(ctx, in, out)
 	}
-	if err := setattrFd(n.fd, in); err != nil {
+	fd, unpin, err := n.pin()
+	if err != nil {
+		return toErrno(err)
+	}
+	defer unpin()
+	if err := setattrFd(fd, in); err != nil {
 		return toErrno(err)
 	}
 	var st unix.Statx_t
-	if err := statxAt(n.fd, "", &st); err != nil {
+	if err := statxAt(fd, "", &st); err != nil {
 		return toErrno(err)
 	}
 	fillAttr(&out.Attr, &st)
@@ -227,9 +274,14 @@ func (n *node) Statfs(ctx context.Context, out *fuse.StatfsOut) syscall.Errno {
 }
 
 func (n *node) Readlink(ctx context.Context) ([]byte, syscall.Errno) {
+	fd, unpin, err := n.pin()
+	if err != nil {
+		return nil, toErrno(err)
+	}
+	defer unpin()
 	for size := 256; ; size *= 2 {
 		buf := make([]byte, size)
-		got, err := unix.Readlinkat(n.fd, "", buf)
+		got, err := unix.Readlinkat(fd, "", buf)
 		if err != nil {
 			return nil, toErrno(err)
 		}
@@ -247,7 +299,12 @@ func (n *node) Getxattr(ctx context.Context, attr string, dest []byte) (uint32, 
 	if n.isSymlink() {
 		return 0, syscall.ENODATA
 	}
-	sz, err := unix.Getxattr(n.self(), attr, dest)
+	fd, unpin, err := n.pin()
+	if err != nil {
+		return 0, toErrno(err)
+	}
+	defer unpin()
+	sz, err := unix.Getxattr(procFd(fd), attr, dest)
 	return uint32(sz), toErrno(err)
 }
 
@@ -255,20 +312,35 @@ func (n *node) Setxattr(ctx context.Context, attr string, data []byte, flags uin
 	if n.isSymlink() {
 		return syscall.EPERM
 	}
-	return toErrno(unix.Setxattr(n.self(), attr, data, int(flags)))
+	fd, unpin, err := n.pin()
+	if err != nil {
+		return toErrno(err)
+	}
+	defer unpin()
+	return toErrno(unix.Setxattr(procFd(fd), attr, data, int(flags)))
 }
 
 func (n *node) Removexattr(ctx context.Context, attr string) syscall.Errno {
 	if n.isSymlink() {
 		return syscall.ENODATA
 	}
-	return toErrno(unix.Removexattr(n.self(), attr))
+	fd, unpin, err := n.pin()
+	if err != nil {
+		return toErrno(err)
+	}
+	defer unpin()
+	return toErrno(unix.Removexattr(procFd(fd), attr))
 }
 
 func (n *node) Listxattr(ctx context.Context, dest []byte) (uint32, syscall.Errno) {
 	if n.isSymlink() {
 		return 0, 0
 	}
-	sz, err := unix.Listxattr(n.self(), dest)
+	fd, unpin, err := n.pin()
+	if err != nil {
+		return 0, toErrno(err)
+	}
+	defer unpin()
+	sz, err := unix.Listxattr(procFd(fd), dest)
 	return uint32(sz), toErrno(err)
 }

@@ -43,6 +43,11 @@ type Root struct {
 	// to the caller's uid and gid.
 	asRoot bool
 
+	// fdBudget is how many O_PATH descriptors nodes may hold (see node);
+	// heldFds counts them.
+	fdBudget int64
+	heldFds  atomic.Int64
+
 	passthroughLost atomic.Bool
 	rootNode        *node
 }
@@ -51,6 +56,7 @@ type Root struct {
 type rootConfig struct {
 	backingDir  string
 	passthrough bool
+	maxNodeFds  int
 	log         *slog.Logger
 }
 
@@ -84,6 +90,7 @@ func newRoot(cfg rootConfig) (*Root, error) {
 	// The root node's descriptor is the backing descriptor; it is closed
 	// by close, not by OnForget.
 	r.rootNode = &node{root: r, fd: fd}
+	r.fdBudget = nodeFdBudget(r.log, cfg.maxNodeFds)
 	return r, nil
 }
 
@@ -133,4 +140,16 @@ func (r *Root) stableAttr(st *unix.Statx_t, h fileHandle) gofs.StableAttr {
 		gen = 1
 	}
 	return gofs.StableAttr{Mode: uint32(st.Mode) & syscall.S_IFMT, Ino: ino, Gen: gen}
+}
+
+// nodeFdBudget raises the open-file limit as far as allowed and gives half
+// of it to node descriptors: the other half is for files the clients hold
+// open (each is one backing descriptor here) and for tierfs itself.
+// A positive max caps it further.
+func nodeFdBudget(log *slog.Logger, max int) int64 {
+	budget := int64(raiseFileLimit(log) / 2)
+	if max > 0 && int64(max) < budget {
+		budget = int64(max)
+	}
+	return budget
 }

@@ -9,6 +9,7 @@ import (
 	"os/exec"
 	"os/signal"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"sync"
 	"syscall"
@@ -24,6 +25,7 @@ const (
 	serveBackingEnv     = "TIERFS_TEST_SERVE_BACKING"
 	serveMountpointEnv  = "TIERFS_TEST_SERVE_MOUNTPOINT"
 	servePassthroughEnv = "TIERFS_TEST_SERVE_PASSTHROUGH"
+	serveMaxFdsEnv      = "TIERFS_TEST_SERVE_MAX_NODE_FDS"
 )
 
 func TestMain(m *testing.M) {
@@ -44,10 +46,12 @@ func TestMain(m *testing.M) {
 // that it has itself stopped.
 func serveForTest() int {
 	log := slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelDebug}))
+	maxFds, _ := strconv.Atoi(os.Getenv(serveMaxFdsEnv))
 	m, err := Mount(Config{
 		Backing:      os.Getenv(serveBackingEnv),
 		Mountpoint:   os.Getenv(serveMountpointEnv),
 		Passthrough:  os.Getenv(servePassthroughEnv) == "1",
+		MaxNodeFds:   maxFds,
 		EntryTimeout: time.Second,
 		AttrTimeout:  time.Second,
 		Log:          log,
@@ -133,6 +137,11 @@ func (s *testServer) Stop(t testing.TB) {
 // unmounts it when the test ends. An empty backing mounts a new empty
 // directory.
 func mountTest(t testing.TB, backing string, passthrough bool) *testServer {
+	return mountTestWith(t, backing, passthrough, 0)
+}
+
+// mountTestWith is mountTest with a cap on node descriptors (0: none).
+func mountTestWith(t testing.TB, backing string, passthrough bool, maxNodeFds int) *testServer {
 	t.Helper()
 	requireMount(t)
 	if backing == "" {
@@ -145,18 +154,23 @@ func mountTest(t testing.TB, backing string, passthrough bool) *testServer {
 	if err := os.Mkdir(mnt, 0o755); err != nil {
 		t.Fatal(err)
 	}
-	return startServer(t, backing, mnt, passthrough)
+	return startServerWith(t, backing, mnt, passthrough, maxNodeFds)
 }
 
 // startServer starts the server process for backing at mnt.
 func startServer(t testing.TB, backing, mnt string, passthrough bool) *testServer {
+	t.Helper()
+	return startServerWith(t, backing, mnt, passthrough, 0)
+}
+
+func startServerWith(t testing.TB, backing, mnt string, passthrough bool, maxNodeFds int) *testServer {
 	t.Helper()
 	pt := "0"
 	if passthrough {
 		pt = "1"
 	}
 	cmd := exec.Command(os.Args[0], "-test.run=^$")
-	cmd.Env = append(os.Environ(), serveBackingEnv+"="+backing, serveMountpointEnv+"="+mnt, servePassthroughEnv+"="+pt)
+	cmd.Env = append(os.Environ(), serveBackingEnv+"="+backing, serveMountpointEnv+"="+mnt, servePassthroughEnv+"="+pt, serveMaxFdsEnv+"="+strconv.Itoa(maxNodeFds))
 	s := &testServer{Mountpoint: mnt, cmd: cmd, done: make(chan struct{})}
 	stdout, err := cmd.StdoutPipe()
 	if err != nil {

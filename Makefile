@@ -1,0 +1,38 @@
+# tierfs — see README.md.
+GO      ?= go
+BIN     := bin/tierfs
+VERSION ?= $(shell git describe --always --dirty 2>/dev/null || echo dev)
+
+.PHONY: build test e2e bench bench-local lint demo deps clean
+
+build:
+	$(GO) build -ldflags "-X main.version=$(VERSION)" -o $(BIN) ./cmd/tierfs
+
+# Unit tests and real-mount tests (the mount tests need root and /dev/fuse).
+test: build
+	$(GO) vet ./...
+	$(GO) test -count=1 -timeout 20m ./...
+
+# End-to-end tests over real mounts (the Kafka and S3 suites join here as they land).
+e2e: build
+	$(GO) test -count=1 -timeout 30m ./e2e/...
+
+bench: bench-local
+
+# fio and metadata benchmark: native vs tierfs (passthrough / FUSE I/O) vs mergerfs.
+bench-local: build
+	scripts/bench-local $(if $(QUICK),--quick,)
+
+lint:
+	@test -z "$$(gofmt -l .)" || { gofmt -l .; echo "gofmt needed"; exit 1; }
+	$(GO) vet ./...
+
+# Installs what the tests and benchmarks need on a fresh Debian machine.
+deps:
+	scripts/install-deps
+
+demo: build
+	scripts/demo
+
+clean:
+	rm -rf bin

@@ -1,0 +1,40 @@
+package main
+
+import (
+	"strings"
+	"testing"
+)
+
+func TestMainRejectsBadArguments(t *testing.T) {
+	cases := []struct {
+		args []string
+		code int
+		msg  string
+	}{
+		{[]string{"tierfs", "mount"}, 2, "one argument"},
+		{[]string{"tierfs", "mount", "a", "b"}, 2, "one argument"},
+		{[]string{"tierfs", "umount"}, 2, "one argument"},
+		{[]string{"tierfs", "--log-level", "loud", "mount", "/x"}, 2, "--log-level"},
+		{[]string{"tierfs", "--log-format", "xml", "mount", "/x"}, 2, "--log-format"},
+		{[]string{"tierfs", "umount", "/"}, 1, "not a tierfs mount"},
+	}
+	for _, c := range cases {
+		err := Main(c.args)
+		if err == nil {
+			t.Errorf("%v: no error", c.args)
+			continue
+		}
+		if got := exitCode(err); got != c.code {
+			t.Errorf("%v: exit code %d, want %d (%v)", c.args, got, c.code, err)
+		}
+		if !strings.Contains(err.Error(), c.msg) {
+			t.Errorf("%v: error %q does not mention %q", c.args, err, c.msg)
+		}
+	}
+}
+
+func TestMainHelp(t *testing.T) {
+	if err := Main([]string{"tierfs", "--help"}); err != nil {
+		t.Fatal(err)
+	}
+}
