@@ -30,7 +30,8 @@ func (n *node) chownToCaller(ctx context.Context, dfd int, name string) {
 		return
 	}
 	caller, ok := fuse.FromContext(ctx)
-	if !ok {
+	if !ok || (caller.Uid == 0 && caller.Gid == 0) {
+		// tierfs is root too: the entry already has the right owner.
 		return
 	}
 	gid := int(caller.Gid)
@@ -148,7 +149,7 @@ func (n *node) Create(ctx context.Context, name string, flags uint32, mode uint3
 		unix.Close(fd)
 		return nil, nil, 0, toErrno(err)
 	}
-	ch, err := n.childFromPathFd(ctx, pfd, out)
+	ch, err := n.childFromPathFd(ctx, name, pfd, out)
 	if err != nil {
 		unix.Close(fd)
 		return nil, nil, 0, toErrno(err)

@@ -72,7 +72,7 @@ func newLocalFile(n *node, fd int) *localFile {
 // PassthroughFd offers the backing descriptor to the kernel, when
 // passthrough is on for this mount.
 func (lf *localFile) PassthroughFd() (int, bool) {
-	if !lf.node.root.passthrough {
+	if !lf.node.root.passthrough.Load() {
 		return 0, false
 	}
 	return lf.LoopbackFile.PassthroughFd()

@@ -102,7 +102,7 @@ func Mount(cfg Config) (*Mounted, error) {
 	if err := checkCanMount(cfg.Mountpoint); err != nil {
 		return nil, err
 	}
-	root, err := newRoot(rootConfig{backingDir: cfg.Backing, passthrough: cfg.Passthrough, maxNodeFds: cfg.MaxNodeFds, log: cfg.Log})
+	root, err := newRoot(rootConfig{backingDir: cfg.Backing, maxNodeFds: cfg.MaxNodeFds, log: cfg.Log})
 	if err != nil {
 		return nil, err
 	}
@@ -160,9 +160,7 @@ func (m *Mounted) start() error {
 		return mountError(cfg.Mountpoint, err)
 	}
 	m.Passthrough = m.probePassthrough()
-	if !m.Passthrough.On {
-		m.root.passthrough = false
-	}
+	m.root.passthrough.Store(m.Passthrough.On)
 	return nil
 }
 

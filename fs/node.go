@@ -148,11 +148,18 @@ func (n *node) lookupAt(ctx context.Context, dfd int, name string, out *fuse.Ent
 	if err != nil {
 		return nil, err
 	}
-	return n.childFromPathFd(ctx, fd, out)
+	return n.childFromPathFd(ctx, name, fd, out)
 }
 
-// childFromPathFd builds a child node that owns the O_PATH descriptor fd.
-func (n *node) childFromPathFd(ctx context.Context, fd int, out *fuse.EntryOut) (*gofs.Inode, error) {
+// childFromPathFd builds the child node for the entry name, which owns the
+// O_PATH descriptor fd.
+//
+// go-fuse keeps the node it already has for an inode and silently drops the
+// new one. Every READDIRPLUS looks up each entry again, so a new node for an
+// inode that is already this directory's child gets no descriptor: it would
+// only be dropped, and its descriptor would stay open until a garbage
+// collection.
+func (n *node) childFromPathFd(ctx context.Context, name string, fd int, out *fuse.EntryOut) (*gofs.Inode, error) {
 	var st unix.Statx_t
 	if err := statxAt(fd, "", &st); err != nil {
 		unix.Close(fd)
@@ -163,7 +170,12 @@ func (n *node) childFromPathFd(ctx context.Context, fd int, out *fuse.EntryOut) 
 		h, _ = nameToHandle(fd, "")
 	}
 	fillAttr(&out.Attr, &st)
-	return n.NewInode(ctx, newNode(n.root, fd, h), n.root.stableAttr(&st, h)), nil
+	id := n.root.stableAttr(&st, h)
+	if known := n.GetChild(name); known != nil && h.ok && known.StableAttr() == id {
+		unix.Close(fd)
+		return n.NewInode(ctx, &node{root: n.root, fd: -1, handle: h}, id), nil
+	}
+	return n.NewInode(ctx, newNode(n.root, fd, h), id), nil
 }
 
 func (n *node) Lookup(ctx context.Context, name string, out *fuse.EntryOut) (*gofs.Inode, syscall.Errno) {

@@ -36,8 +36,10 @@ type Root struct {
 	handles bool
 
 	// passthrough says whether local files are offered to the kernel for
-	// FUSE passthrough.
-	passthrough bool
+	// FUSE passthrough. It is set only after the mount's probe showed that
+	// the kernel accepts backing files; opens before that are served by
+	// FUSE reads and writes.
+	passthrough atomic.Bool
 
 	// asRoot is true when tierfs runs as uid 0; new files are then given
 	// to the caller's uid and gid.
@@ -54,10 +56,9 @@ type Root struct {
 
 // rootConfig is what newRoot needs.
 type rootConfig struct {
-	backingDir  string
-	passthrough bool
-	maxNodeFds  int
-	log         *slog.Logger
+	backingDir string
+	maxNodeFds int
+	log        *slog.Logger
 }
 
 func newRoot(cfg rootConfig) (*Root, error) {
@@ -75,7 +76,6 @@ func newRoot(cfg rootConfig) (*Root, error) {
 		backingPath: cfg.backingDir,
 		dev:         uint64(st.Dev),
 		log:         cfg.log,
-		passthrough: cfg.passthrough,
 		asRoot:      os.Geteuid() == 0,
 	}
 	if r.log == nil {

@@ -20,7 +20,7 @@ type passthroughWatch struct {
 }
 
 func (w *passthroughWatch) check(out *fuse.OpenOut) {
-	if w.root.passthrough && out.OpenFlags&(fuse.FOPEN_PASSTHROUGH|fuse.FOPEN_KEEP_CACHE) == 0 {
+	if w.root.passthrough.Load() && out.OpenFlags&(fuse.FOPEN_PASSTHROUGH|fuse.FOPEN_KEEP_CACHE) == 0 {
 		w.root.notePassthroughLost()
 	}
 }
