@@ -55,7 +55,9 @@ func (n *node) created(ctx context.Context, dfd int, name string, out *fuse.Entr
 	return ch, 0
 }
 
-func (n *node) Mkdir(ctx context.Context, name string, mode uint32, out *fuse.EntryOut) (*gofs.Inode, syscall.Errno) {
+// makeEntry creates the entry name with mk (given this directory's
+// descriptor) and returns its node; removeFlags undo it if that fails.
+func (n *node) makeEntry(ctx context.Context, name string, out *fuse.EntryOut, removeFlags int, mk func(dfd int) error) (*gofs.Inode, syscall.Errno) {
 	if n.hides(name) {
 		return nil, syscall.EEXIST
 	}
@@ -64,40 +66,22 @@ func (n *node) Mkdir(ctx context.Context, name string, mode uint32, out *fuse.En
 		return nil, toErrno(err)
 	}
 	defer unpin()
-	if err := unix.Mkdirat(dfd, name, mode); err != nil {
+	if err := mk(dfd); err != nil {
 		return nil, toErrno(err)
 	}
-	return n.created(ctx, dfd, name, out, unix.AT_REMOVEDIR)
+	return n.created(ctx, dfd, name, out, removeFlags)
+}
+
+func (n *node) Mkdir(ctx context.Context, name string, mode uint32, out *fuse.EntryOut) (*gofs.Inode, syscall.Errno) {
+	return n.makeEntry(ctx, name, out, unix.AT_REMOVEDIR, func(dfd int) error { return unix.Mkdirat(dfd, name, mode) })
 }
 
 func (n *node) Mknod(ctx context.Context, name string, mode, rdev uint32, out *fuse.EntryOut) (*gofs.Inode, syscall.Errno) {
-	if n.hides(name) {
-		return nil, syscall.EEXIST
-	}
-	dfd, unpin, err := n.pin()
-	if err != nil {
-		return nil, toErrno(err)
-	}
-	defer unpin()
-	if err := unix.Mknodat(dfd, name, mode, int(rdev)); err != nil {
-		return nil, toErrno(err)
-	}
-	return n.created(ctx, dfd, name, out, 0)
+	return n.makeEntry(ctx, name, out, 0, func(dfd int) error { return unix.Mknodat(dfd, name, mode, int(rdev)) })
 }
 
 func (n *node) Symlink(ctx context.Context, target, name string, out *fuse.EntryOut) (*gofs.Inode, syscall.Errno) {
-	if n.hides(name) {
-		return nil, syscall.EEXIST
-	}
-	dfd, unpin, err := n.pin()
-	if err != nil {
-		return nil, toErrno(err)
-	}
-	defer unpin()
-	if err := unix.Symlinkat(target, dfd, name); err != nil {
-		return nil, toErrno(err)
-	}
-	return n.created(ctx, dfd, name, out, 0)
+	return n.makeEntry(ctx, name, out, 0, func(dfd int) error { return unix.Symlinkat(target, dfd, name) })
 }
 
 func (n *node) Link(ctx context.Context, target gofs.InodeEmbedder, name string, out *fuse.EntryOut) (*gofs.Inode, syscall.Errno) {
