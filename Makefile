@@ -3,7 +3,7 @@ GO      ?= go
 BIN     := bin/tierfs
 VERSION ?= $(shell git describe --always --dirty 2>/dev/null || echo dev)
 
-.PHONY: build test e2e bench bench-local lint demo deps clean
+.PHONY: build test fuzz e2e bench bench-local lint demo deps clean
 
 build:
 	$(GO) build -ldflags "-X main.version=$(VERSION)" -o $(BIN) ./cmd/tierfs
@@ -12,6 +12,11 @@ build:
 test: build
 	$(GO) vet ./...
 	$(GO) test -count=1 -timeout 20m ./...
+	FUZZTIME=5s scripts/fuzz
+
+# Every fuzz target for FUZZTIME each (default 5s; e.g. make fuzz FUZZTIME=10m).
+fuzz:
+	scripts/fuzz
 
 # End-to-end tests over real mounts (the Kafka and S3 suites join here as they land).
 e2e: build
