@@ -194,3 +194,28 @@ func FuzzNames(f *testing.F) {
 		ParsePartitionDir(name)
 	})
 }
+
+// BenchmarkScan measures header-only and CRC-verifying scans of an
+// in-memory segment of 1 KiB records (go test -bench Scan ./idx/kafka).
+func BenchmarkScan(b *testing.B) {
+	var specs []batchSpec
+	for i := range 2000 {
+		specs = append(specs, batchSpec{base: int64(i * 16), records: 16, ts: int64(i)})
+	}
+	seg := segment(specs...)
+	for _, verify := range []bool{false, true} {
+		name := "headers"
+		if verify {
+			name = "crc"
+		}
+		b.Run(name, func(b *testing.B) {
+			b.SetBytes(int64(len(seg)))
+			r := bytes.NewReader(seg)
+			for b.Loop() {
+				if _, err := ScanBatches("bench.log", r, int64(len(seg)), ScanOptions{VerifyCRC: verify}, func(Batch) error { return nil }); err != nil {
+					b.Fatal(err)
+				}
+			}
+		})
+	}
+}
