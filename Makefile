@@ -11,8 +11,8 @@ build:
 # Unit tests and real-mount tests (the mount tests need root and /dev/fuse).
 test: build
 	$(GO) vet ./...
-	$(GO) test -count=1 -timeout 20m ./...
 	FUZZTIME=30000x scripts/fuzz
+	$(GO) test -count=1 -timeout 20m ./...
 
 # Every fuzz target for FUZZTIME each (default 5s; e.g. make fuzz FUZZTIME=10m).
 # make test runs a count (30000x), not a duration: a duration can end in the
