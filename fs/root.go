@@ -99,7 +99,7 @@ func (r *Root) close() error {
 	return unix.Close(r.backingFd)
 }
 
-// StateDir opens (creating if needed) the hidden state directory and returns
+// stateDirPath creates (if needed) the hidden state directory and returns
 // its path as reachable by tierfs itself (through the backing descriptor, so
 // it works for in-place mounts too).
 func (r *Root) stateDirPath() (string, error) {
