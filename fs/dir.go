@@ -2,7 +2,6 @@ package fs
 
 import (
 	"context"
-	"strconv"
 	"syscall"
 
 	gofs "github.com/hanwen/go-fuse/v2/fs"
@@ -128,7 +127,7 @@ func (n *node) Create(ctx context.Context, name string, flags uint32, mode uint3
 	n.chownToCaller(ctx, dfd, name)
 	// The node's descriptor comes from the open file, not from the name,
 	// which another process could already have replaced.
-	pfd, err := unix.Open("/proc/self/fd/"+strconv.Itoa(fd), unix.O_PATH|unix.O_CLOEXEC, 0)
+	pfd, err := unix.Open(procFd(fd), unix.O_PATH|unix.O_CLOEXEC, 0)
 	if err != nil {
 		unix.Close(fd)
 		return nil, nil, 0, toErrno(err)

@@ -215,7 +215,7 @@ func (m *Mounted) Unmount(lazy bool) error {
 }
 
 // PassthroughLost reports whether passthrough was lost after the mount.
-func (m *Mounted) PassthroughLost() bool { return m.root.PassthroughLost() }
+func (m *Mounted) PassthroughLost() bool { return m.root.passthroughLost.Load() }
 
 func (m *Mounted) cleanup() {
 	if m.lock != nil {

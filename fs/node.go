@@ -231,7 +231,7 @@ func (n *node) Setattr(ctx context.Context, f gofs.FileHandle, in *fuse.SetAttrI
 // setattrFd applies a SETATTR to the inode open at the O_PATH descriptor fd.
 // The size is changed before the times, so an explicit mtime is kept.
 func setattrFd(fd int, in *fuse.SetAttrIn) error {
-	self := "/proc/self/fd/" + strconv.Itoa(fd)
+	self := procFd(fd)
 	if m, ok := in.GetMode(); ok {
 		if err := unix.Fchmodat(unix.AT_FDCWD, self, m, 0); err != nil {
 			return err

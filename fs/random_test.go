@@ -12,6 +12,8 @@ import (
 	"strings"
 	"syscall"
 	"testing"
+
+	"github.com/tierfs/tierfs/fs/posixtest"
 )
 
 // TestRandomOpsLockstep applies one long random sequence of file operations
@@ -138,7 +140,7 @@ func (o op) apply(root string) string {
 		if err != nil && n == 0 {
 			return outcome(err)
 		}
-		return fmt.Sprintf("read %d %x", n, sum(buf[:n]))
+		return "read " + posixtest.Sum(buf[:n])
 	}
 	panic(o.kind)
 }
@@ -152,14 +154,6 @@ func outcome(err error) string {
 		return errno.Error()
 	}
 	return err.Error()
-}
-
-func sum(b []byte) uint64 {
-	var h uint64 = 14695981039346656037
-	for _, c := range b {
-		h = (h ^ uint64(c)) * 1099511628211
-	}
-	return h
 }
 
 // listing describes every entry below root with its kind, size, link count
@@ -190,7 +184,7 @@ func listing(root string) string {
 			return nil
 		}
 		nlink := info.Sys().(*syscall.Stat_t).Nlink
-		out = append(out, fmt.Sprintf("%s:%d:%d:%x:%v", rel, info.Size(), nlink, sum(data), bytes.Count(data, []byte{0}) == len(data)))
+		out = append(out, fmt.Sprintf("%s:%d:%d:%s:%v", rel, info.Size(), nlink, posixtest.Sum(data), bytes.Count(data, []byte{0}) == len(data)))
 		return nil
 	})
 	sort.Strings(out)

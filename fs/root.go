@@ -107,7 +107,7 @@ func (r *Root) stateDirPath() (string, error) {
 	if err != nil && err != unix.EEXIST {
 		return "", fmt.Errorf("create state directory %s/%s: %w", r.backingPath, StateDirName, err)
 	}
-	return fmt.Sprintf("/proc/self/fd/%d/%s", r.backingFd, StateDirName), nil
+	return procFd(r.backingFd) + "/" + StateDirName, nil
 }
 
 // stableAttr builds the identity go-fuse uses to recognise an inode: the

@@ -48,7 +48,3 @@ func (r *Root) notePassthroughLost() {
 		r.log.Warn("kernel passthrough stopped for this mount: a backing file registration failed; local files are now served through FUSE reads and writes (slower, still correct)")
 	}
 }
-
-// PassthroughLost reports whether passthrough was on at mount and has since
-// been turned off by a failed registration.
-func (r *Root) PassthroughLost() bool { return r.passthroughLost.Load() }
