@@ -78,6 +78,9 @@ type ScanResult struct {
 type ScanOptions struct {
 	// VerifyCRC reads each whole batch and checks its CRC32C.
 	VerifyCRC bool
+	// Start is the position of the first batch to read (a batch start,
+	// such as an .index position); 0 scans the whole segment.
+	Start int64
 }
 
 // ScanBatches walks the record batches of a segment of the given size,
@@ -88,7 +91,8 @@ func ScanBatches(name string, r io.ReaderAt, size int64, opts ScanOptions, fn fu
 	var res ScanResult
 	hdr := make([]byte, BatchHeaderSize)
 	var body []byte
-	pos := int64(0)
+	pos := opts.Start
+	res.End = pos
 	for pos < size {
 		if size-pos < BatchHeaderSize {
 			res.Torn = true
