@@ -4,6 +4,7 @@ go 1.26.8
 
 require (
 	github.com/hanwen/go-fuse/v2 v2.12.1
+	github.com/twmb/franz-go/pkg/kmsg v1.15.1
 	github.com/urfave/cli/v2 v2.27.7
 	golang.org/x/sys v0.50.0
 )
@@ -11,6 +12,5 @@ require (
 require (
 	github.com/cpuguy83/go-md2man/v2 v2.0.7 // indirect
 	github.com/russross/blackfriday/v2 v2.1.0 // indirect
-	github.com/twmb/franz-go/pkg/kmsg v1.15.1 // indirect
 	github.com/xrash/smetrics v0.0.0-20240521201337-686a1a2994c1 // indirect
 )

@@ -99,7 +99,7 @@ func ScanBatches(name string, r io.ReaderAt, size int64, opts ScanOptions, fn fu
 			break
 		}
 		if _, err := r.ReadAt(hdr, pos); err != nil {
-			return res, formatErr(name, pos, "read batch header: %v", err)
+			return res, &ReadError{File: name, Offset: pos, Err: err}
 		}
 		b, err := parseHeader(name, pos, hdr)
 		if err != nil {
@@ -116,7 +116,7 @@ func ScanBatches(name string, r io.ReaderAt, size int64, opts ScanOptions, fn fu
 			}
 			body = body[:n]
 			if _, err := r.ReadAt(body, pos+attrOffset); err != nil {
-				return res, formatErr(name, pos, "read batch: %v", err)
+				return res, &ReadError{File: name, Offset: pos, Err: err}
 			}
 			if got := crc32.Checksum(body, castagnoli); got != b.CRC {
 				return res, formatErr(name, pos, "batch at offset %d: CRC32C %08x, header says %08x", b.BaseOffset, got, b.CRC)

@@ -21,3 +21,17 @@ func (e *FormatError) Error() string {
 func formatErr(file string, off int64, format string, args ...any) *FormatError {
 	return &FormatError{File: file, Offset: off, Msg: fmt.Sprintf(format, args...)}
 }
+
+// ReadError is a failure to read input, not a format problem: the reader
+// failed or the input is shorter than its stated size.
+type ReadError struct {
+	File   string
+	Offset int64
+	Err    error
+}
+
+func (e *ReadError) Error() string {
+	return fmt.Sprintf("%s: read at offset %d: %v", e.File, e.Offset, e.Err)
+}
+
+func (e *ReadError) Unwrap() error { return e.Err }
