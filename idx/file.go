@@ -12,6 +12,9 @@ import (
 	"golang.org/x/sys/unix"
 )
 
+// FileName is the name of a partition's index file in its state directory.
+const FileName = "remote-log-segment-index"
+
 // File is a partition's remote log segment index file, open for appends.
 // One process appends (the backing directory's lock guarantees it); any
 // number of goroutines look up concurrently with the appender.

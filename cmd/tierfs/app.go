@@ -43,6 +43,7 @@ func Main(args []string) error {
 		Commands: []*cli.Command{
 			cmdMount(),
 			cmdUmount(),
+			cmdIndex(),
 		},
 		HideHelpCommand: true,
 	}
