@@ -3,7 +3,7 @@ GO      ?= go
 BIN     := bin/tierfs
 VERSION ?= $(shell git describe --always --dirty 2>/dev/null || echo dev)
 
-.PHONY: build test fuzz e2e bench bench-local lint demo deps clean
+.PHONY: build test fuzz e2e bench bench-local bench-scan lint demo deps clean
 
 build:
 	$(GO) build -ldflags "-X main.version=$(VERSION)" -o $(BIN) ./cmd/tierfs
@@ -24,7 +24,11 @@ fuzz:
 e2e: build
 	$(GO) test -count=1 -timeout 30m ./e2e/...
 
-bench: bench-local
+bench: bench-local bench-scan
+
+# Segment scan speed (headers, CRC32C, chunker) next to cat, 1 GiB from page cache.
+bench-scan:
+	$(GO) run ./bench/segscan -size $(or $(SIZE),1GiB) -runs 5
 
 # fio and metadata benchmark: native vs tierfs (passthrough / FUSE I/O) vs mergerfs.
 bench-local: build

@@ -1,0 +1,169 @@
+// Command segscan measures how fast idx/kafka scans a Kafka segment from
+// the page cache: batch headers only, and with CRC32C verification, next
+// to `cat FILE > /dev/null` on the same file, in one run, as medians.
+//
+//	go run ./bench/segscan -size 1GiB -runs 5 [-file /tmp/seg.log]
+package main
+
+import (
+	"bufio"
+	"flag"
+	"fmt"
+	"os"
+	"os/exec"
+	"slices"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/tierfs/tierfs/idx"
+	"github.com/tierfs/tierfs/idx/kafka"
+	"github.com/tierfs/tierfs/idx/kafka/kafkatest"
+)
+
+func main() {
+	sizeFlag := flag.String("size", "1GiB", "segment size (bytes, or with KiB/MiB/GiB)")
+	runs := flag.Int("runs", 5, "runs of each measurement")
+	file := flag.String("file", "", "segment file to scan (written when missing; default a temporary file, removed after)")
+	recSize := flag.Int("record", 1024, "record value size")
+	perBatch := flag.Int("batch", 16, "records per batch")
+	flag.Parse()
+	size, err := parseSize(*sizeFlag)
+	if err != nil {
+		fail(err)
+	}
+	path := *file
+	if path == "" {
+		f, err := os.CreateTemp("", "segscan-*.log")
+		if err != nil {
+			fail(err)
+		}
+		f.Close()
+		path = f.Name()
+		defer os.Remove(path)
+		if err := writeSegment(path, size, *recSize, *perBatch); err != nil {
+			fail(err)
+		}
+	} else if _, err := os.Stat(path); err != nil {
+		if err := writeSegment(path, size, *recSize, *perBatch); err != nil {
+			fail(err)
+		}
+	}
+	st, err := os.Stat(path)
+	if err != nil {
+		fail(err)
+	}
+	mb := float64(st.Size()) / 1e6
+
+	measure := map[string]func() error{
+		"cat": func() error {
+			cmd := exec.Command("sh", "-c", `cat "$0" > /dev/null`, path)
+			cmd.Stderr = os.Stderr
+			return cmd.Run()
+		},
+		"headers": func() error { return scan(path, false) },
+		"crc":     func() error { return scan(path, true) },
+		"chunk": func() error {
+			f, err := os.Open(path)
+			if err != nil {
+				return err
+			}
+			defer f.Close()
+			c, err := idx.ChunkSegment(path, f, st.Size(), 0, idx.ChunkOptions{VerifyCRC: true})
+			if err == nil && c.Opaque {
+				err = c.Reason
+			}
+			return err
+		},
+	}
+	order := []string{"cat", "headers", "crc", "chunk"}
+	// Warm the page cache.
+	if err := measure["cat"](); err != nil {
+		fail(err)
+	}
+	times := map[string][]float64{}
+	for range *runs {
+		for _, name := range order {
+			t0 := time.Now()
+			if err := measure[name](); err != nil {
+				fail(fmt.Errorf("%s: %w", name, err))
+			}
+			times[name] = append(times[name], time.Since(t0).Seconds())
+		}
+	}
+	fmt.Printf("segment %s: %.0f MB, %d-byte records, %d per batch; medians of %d runs, page cache warm\n", path, mb, *recSize, *perBatch, *runs)
+	fmt.Printf("%-28s %10s %10s\n", "measurement", "MB/s", "vs cat")
+	catMed := median(times["cat"])
+	labels := map[string]string{"cat": "cat > /dev/null", "headers": "scan, headers only", "crc": "scan, with CRC32C", "chunk": "chunker (CRC, 8 MiB chunks)"}
+	for _, name := range order {
+		m := median(times[name])
+		fmt.Printf("%-28s %10.0f %10.2f\n", labels[name], mb/m, catMed/m)
+	}
+}
+
+func scan(path string, crc bool) error {
+	f, err := os.Open(path)
+	if err != nil {
+		return err
+	}
+	defer f.Close()
+	st, err := f.Stat()
+	if err != nil {
+		return err
+	}
+	res, err := kafka.ScanBatches(path, f, st.Size(), kafka.ScanOptions{VerifyCRC: crc}, func(kafka.Batch) error { return nil })
+	if err == nil && (res.Torn || res.End != st.Size()) {
+		err = fmt.Errorf("scan ended at %d of %d", res.End, st.Size())
+	}
+	return err
+}
+
+// writeSegment writes real record batches up to about size bytes.
+func writeSegment(path string, size int64, recSize, perBatch int) error {
+	f, err := os.Create(path)
+	if err != nil {
+		return err
+	}
+	w := bufio.NewWriterSize(f, 1<<20)
+	var n, off int64
+	ts := time.Now().UnixMilli()
+	for n < size {
+		b := kafkatest.Encode(kafkatest.Batch{Base: off, Records: perBatch, ValueSize: recSize, TS: ts + off})
+		if _, err := w.Write(b); err != nil {
+			f.Close()
+			return err
+		}
+		n += int64(len(b))
+		off += int64(perBatch)
+	}
+	if err := w.Flush(); err != nil {
+		f.Close()
+		return err
+	}
+	return f.Close()
+}
+
+func median(xs []float64) float64 {
+	s := slices.Clone(xs)
+	slices.Sort(s)
+	return s[len(s)/2]
+}
+
+func parseSize(s string) (int64, error) {
+	mult := int64(1)
+	for suf, m := range map[string]int64{"KiB": 1 << 10, "MiB": 1 << 20, "GiB": 1 << 30} {
+		if strings.HasSuffix(s, suf) {
+			s, mult = strings.TrimSuffix(s, suf), m
+		}
+	}
+	n, err := strconv.ParseInt(s, 10, 64)
+	if err != nil || n <= 0 {
+		return 0, fmt.Errorf("bad size %q", s)
+	}
+	return n * mult, nil
+}
+
+func fail(err error) {
+	fmt.Fprintln(os.Stderr, "segscan:", err)
+	os.Exit(1)
+}
