@@ -1,0 +1,414 @@
+package store
+
+import (
+	"context"
+	"crypto/rand"
+	"encoding/hex"
+	"errors"
+	"fmt"
+	"io"
+	"io/fs"
+	"os"
+	"path/filepath"
+	"slices"
+	"strconv"
+	"strings"
+	"syscall"
+	"time"
+)
+
+// Dir is a Store in a local directory (file:///path): each object is a
+// file at its key. Writes go to a temporary file that is synced and
+// renamed into place, so an object is always whole. Multipart uploads
+// live in a reserved directory under the root, which keys cannot name.
+//
+// Unlike S3, a key cannot be both an object and a prefix of another
+// ("a" and "a/b"); such a Put fails.
+type Dir struct {
+	root string
+}
+
+// dirReserved holds temporary files and uploads; no key may start with it.
+const dirReserved = ".tierfs-store"
+
+// NewDir uses (and creates) root as a store.
+func NewDir(root string) (*Dir, error) {
+	if !filepath.IsAbs(root) {
+		return nil, fmt.Errorf("store directory %q is not absolute", root)
+	}
+	if err := os.MkdirAll(filepath.Join(root, dirReserved, "uploads"), 0o755); err != nil {
+		return nil, err
+	}
+	return &Dir{root: root}, nil
+}
+
+func (d *Dir) path(key string) (string, error) {
+	if err := CheckKey(key); err != nil {
+		return "", err
+	}
+	if key == dirReserved || strings.HasPrefix(key, dirReserved+"/") {
+		return "", fmt.Errorf("key %q is reserved by the directory store", key)
+	}
+	return filepath.Join(d.root, filepath.FromSlash(key)), nil
+}
+
+// dirETag identifies a file's content as stored: a rename of a new file
+// changes the inode, a rewrite in place (which Dir never does) the ctime.
+func dirETag(fi fs.FileInfo) string {
+	st := fi.Sys().(*syscall.Stat_t)
+	return fmt.Sprintf(`"%x-%x-%x"`, st.Ino, st.Ctim.Nano(), st.Size)
+}
+
+func notFound(op, key string, err error) error {
+	if errors.Is(err, fs.ErrNotExist) || errors.Is(err, syscall.ENOTDIR) {
+		return fmt.Errorf("%s %s: %w", op, key, ErrNotFound)
+	}
+	return fmt.Errorf("%s %s: %w", op, key, err)
+}
+
+func (d *Dir) Get(ctx context.Context, key string, off, n int64, opt GetOptions) (io.ReadCloser, error) {
+	p, err := d.path(key)
+	if err != nil {
+		return nil, err
+	}
+	f, err := os.Open(p)
+	if err != nil {
+		return nil, notFound("get", key, err)
+	}
+	fi, err := f.Stat()
+	if err != nil || fi.IsDir() {
+		f.Close()
+		return nil, notFound("get", key, fs.ErrNotExist)
+	}
+	if opt.IfMatch != "" && opt.IfMatch != dirETag(fi) {
+		f.Close()
+		return nil, fmt.Errorf("get %s: %w", key, ErrPrecondition)
+	}
+	if off < 0 || off > fi.Size() {
+		f.Close()
+		return nil, fmt.Errorf("get %s: offset %d outside %d bytes", key, off, fi.Size())
+	}
+	if n < 0 || off+n > fi.Size() {
+		n = fi.Size() - off
+	}
+	return sectionCloser{io.NewSectionReader(f, off, n), f}, nil
+}
+
+type sectionCloser struct {
+	*io.SectionReader
+	f *os.File
+}
+
+func (s sectionCloser) Close() error { return s.f.Close() }
+
+func (d *Dir) Head(ctx context.Context, key string) (ObjectInfo, error) {
+	p, err := d.path(key)
+	if err != nil {
+		return ObjectInfo{}, err
+	}
+	fi, err := os.Stat(p)
+	if err != nil || fi.IsDir() {
+		return ObjectInfo{}, notFound("head", key, fs.ErrNotExist)
+	}
+	return ObjectInfo{Key: key, Size: fi.Size(), ETag: dirETag(fi), ModTime: fi.ModTime()}, nil
+}
+
+// writeTemp copies size bytes of body into a synced temporary file.
+func (d *Dir) writeTemp(body io.Reader, size int64) (string, error) {
+	f, err := os.CreateTemp(filepath.Join(d.root, dirReserved), "tmp-")
+	if err != nil {
+		return "", err
+	}
+	fail := func(err error) (string, error) {
+		f.Close()
+		os.Remove(f.Name())
+		return "", err
+	}
+	if n, err := io.Copy(f, io.LimitReader(body, size)); err != nil {
+		return fail(err)
+	} else if n != size {
+		return fail(fmt.Errorf("body has %d bytes, want %d", n, size))
+	}
+	if err := f.Sync(); err != nil {
+		return fail(err)
+	}
+	if err := f.Close(); err != nil {
+		return fail(err)
+	}
+	return f.Name(), nil
+}
+
+// install renames a synced temporary file to key's path.
+func (d *Dir) install(tmp, key, p string) (ObjectInfo, error) {
+	if err := os.MkdirAll(filepath.Dir(p), 0o755); err != nil {
+		os.Remove(tmp)
+		return ObjectInfo{}, fmt.Errorf("put %s: %w", key, err)
+	}
+	if err := os.Rename(tmp, p); err != nil {
+		os.Remove(tmp)
+		return ObjectInfo{}, fmt.Errorf("put %s: %w", key, err)
+	}
+	if err := syncPath(filepath.Dir(p)); err != nil {
+		return ObjectInfo{}, err
+	}
+	fi, err := os.Stat(p)
+	if err != nil {
+		return ObjectInfo{}, err
+	}
+	return ObjectInfo{Key: key, Size: fi.Size(), ETag: dirETag(fi), ModTime: fi.ModTime()}, nil
+}
+
+func (d *Dir) Put(ctx context.Context, key string, body io.ReadSeeker, size int64) (ObjectInfo, error) {
+	p, err := d.path(key)
+	if err != nil {
+		return ObjectInfo{}, err
+	}
+	if _, err := body.Seek(0, io.SeekStart); err != nil {
+		return ObjectInfo{}, err
+	}
+	tmp, err := d.writeTemp(body, size)
+	if err != nil {
+		return ObjectInfo{}, fmt.Errorf("put %s: %w", key, err)
+	}
+	return d.install(tmp, key, p)
+}
+
+func (d *Dir) Delete(ctx context.Context, key string) error {
+	p, err := d.path(key)
+	if err != nil {
+		return err
+	}
+	if err := os.Remove(p); err != nil && !errors.Is(err, fs.ErrNotExist) && !errors.Is(err, syscall.ENOTDIR) {
+		return fmt.Errorf("delete %s: %w", key, err)
+	}
+	// Drop directories the object leaves empty, as S3 has none.
+	for dir := filepath.Dir(p); dir != d.root && strings.HasPrefix(dir, d.root); dir = filepath.Dir(dir) {
+		if os.Remove(dir) != nil {
+			break
+		}
+	}
+	return nil
+}
+
+func (d *Dir) List(ctx context.Context, prefix string) ([]ObjectInfo, error) {
+	if err := checkPrefix(prefix); err != nil {
+		return nil, err
+	}
+	// Walk from the deepest directory the prefix names.
+	start := d.root
+	if i := strings.LastIndex(prefix, "/"); i >= 0 {
+		start = filepath.Join(d.root, filepath.FromSlash(prefix[:i]))
+	}
+	var out []ObjectInfo
+	err := filepath.WalkDir(start, func(p string, de fs.DirEntry, err error) error {
+		if err != nil {
+			if errors.Is(err, fs.ErrNotExist) || errors.Is(err, syscall.ENOTDIR) {
+				return nil
+			}
+			return err
+		}
+		rel, _ := filepath.Rel(d.root, p)
+		key := filepath.ToSlash(rel)
+		if de.IsDir() {
+			if key == dirReserved {
+				return filepath.SkipDir
+			}
+			return nil
+		}
+		if !strings.HasPrefix(key, prefix) || !de.Type().IsRegular() {
+			return nil
+		}
+		fi, err := de.Info()
+		if err != nil {
+			return nil // removed meanwhile
+		}
+		out = append(out, ObjectInfo{Key: key, Size: fi.Size(), ETag: dirETag(fi), ModTime: fi.ModTime()})
+		return nil
+	})
+	if err != nil {
+		return nil, fmt.Errorf("list %s: %w", prefix, err)
+	}
+	slices.SortFunc(out, func(a, b ObjectInfo) int { return strings.Compare(a.Key, b.Key) })
+	return out, nil
+}
+
+func (d *Dir) uploadDir(id string) (string, error) {
+	if len(id) != 32 || strings.Trim(id, "0123456789abcdef") != "" {
+		return "", fmt.Errorf("upload %q: %w", id, ErrNotFound)
+	}
+	return filepath.Join(d.root, dirReserved, "uploads", id), nil
+}
+
+// uploadKey reads an upload's key; it must be key.
+func (d *Dir) uploadKey(key, id string) (string, error) {
+	dir, err := d.uploadDir(id)
+	if err != nil {
+		return "", err
+	}
+	b, err := os.ReadFile(filepath.Join(dir, "key"))
+	if err != nil || string(b) != key {
+		return "", fmt.Errorf("upload %s of %s: %w", id, key, ErrNotFound)
+	}
+	return dir, nil
+}
+
+func (d *Dir) CreateMultipart(ctx context.Context, key string) (string, error) {
+	if _, err := d.path(key); err != nil {
+		return "", err
+	}
+	var b [16]byte
+	rand.Read(b[:])
+	id := hex.EncodeToString(b[:])
+	dir, _ := d.uploadDir(id)
+	if err := os.Mkdir(dir, 0o755); err != nil {
+		return "", err
+	}
+	if err := os.WriteFile(filepath.Join(dir, "key"), []byte(key), 0o644); err != nil {
+		os.RemoveAll(dir)
+		return "", err
+	}
+	if err := syncPath(filepath.Dir(dir)); err != nil {
+		return "", err
+	}
+	return id, nil
+}
+
+func partName(num int32) string { return fmt.Sprintf("part-%05d", num) }
+
+func (d *Dir) UploadPart(ctx context.Context, key, id string, num int32, body io.ReadSeeker, size int64) (Part, error) {
+	if num < 1 || num > MaxParts {
+		return Part{}, fmt.Errorf("part number %d outside 1..%d", num, MaxParts)
+	}
+	dir, err := d.uploadKey(key, id)
+	if err != nil {
+		return Part{}, err
+	}
+	if _, err := body.Seek(0, io.SeekStart); err != nil {
+		return Part{}, err
+	}
+	tmp, err := d.writeTemp(body, size)
+	if err != nil {
+		return Part{}, fmt.Errorf("upload part %d of %s: %w", num, key, err)
+	}
+	p := filepath.Join(dir, partName(num))
+	if err := os.Rename(tmp, p); err != nil {
+		os.Remove(tmp)
+		return Part{}, notFound("upload part", key, err)
+	}
+	if err := syncPath(dir); err != nil {
+		return Part{}, err
+	}
+	fi, err := os.Stat(p)
+	if err != nil {
+		return Part{}, err
+	}
+	return Part{Number: num, ETag: dirETag(fi), Size: fi.Size()}, nil
+}
+
+func (d *Dir) ListParts(ctx context.Context, key, id string) ([]Part, error) {
+	dir, err := d.uploadKey(key, id)
+	if err != nil {
+		return nil, err
+	}
+	des, err := os.ReadDir(dir)
+	if err != nil {
+		return nil, notFound("list parts", key, err)
+	}
+	var out []Part
+	for _, de := range des {
+		num, err := strconv.Atoi(strings.TrimPrefix(de.Name(), "part-"))
+		if !strings.HasPrefix(de.Name(), "part-") || err != nil {
+			continue
+		}
+		fi, err := de.Info()
+		if err != nil {
+			continue
+		}
+		out = append(out, Part{Number: int32(num), ETag: dirETag(fi), Size: fi.Size()})
+	}
+	return out, nil
+}
+
+func (d *Dir) CompleteMultipart(ctx context.Context, key, id string, parts []Part) (ObjectInfo, error) {
+	p, err := d.path(key)
+	if err != nil {
+		return ObjectInfo{}, err
+	}
+	dir, err := d.uploadKey(key, id)
+	if err != nil {
+		return ObjectInfo{}, err
+	}
+	if len(parts) == 0 {
+		return ObjectInfo{}, fmt.Errorf("complete %s: no parts", key)
+	}
+	var files []io.Reader
+	var size int64
+	for i, part := range parts {
+		f, err := os.Open(filepath.Join(dir, partName(part.Number)))
+		if err != nil {
+			return ObjectInfo{}, fmt.Errorf("complete %s: part %d: %w", key, part.Number, err)
+		}
+		defer f.Close()
+		fi, err := f.Stat()
+		if err != nil || dirETag(fi) != part.ETag || (i > 0 && part.Number <= parts[i-1].Number) {
+			return ObjectInfo{}, fmt.Errorf("complete %s: part %d out of order or with another etag", key, part.Number)
+		}
+		files = append(files, f)
+		size += fi.Size()
+	}
+	tmp, err := d.writeTemp(io.MultiReader(files...), size)
+	if err != nil {
+		return ObjectInfo{}, fmt.Errorf("complete %s: %w", key, err)
+	}
+	info, err := d.install(tmp, key, p)
+	if err != nil {
+		return ObjectInfo{}, err
+	}
+	os.RemoveAll(dir)
+	return info, nil
+}
+
+func (d *Dir) AbortMultipart(ctx context.Context, key, id string) error {
+	dir, err := d.uploadKey(key, id)
+	if err != nil {
+		return err
+	}
+	return os.RemoveAll(dir)
+}
+
+func (d *Dir) ListMultipart(ctx context.Context, prefix string) ([]Upload, error) {
+	if err := checkPrefix(prefix); err != nil {
+		return nil, err
+	}
+	des, err := os.ReadDir(filepath.Join(d.root, dirReserved, "uploads"))
+	if err != nil {
+		return nil, err
+	}
+	var out []Upload
+	for _, de := range des {
+		b, err := os.ReadFile(filepath.Join(d.root, dirReserved, "uploads", de.Name(), "key"))
+		if err != nil || !strings.HasPrefix(string(b), prefix) {
+			continue
+		}
+		fi, _ := de.Info()
+		var t time.Time
+		if fi != nil {
+			t = fi.ModTime()
+		}
+		out = append(out, Upload{Key: string(b), UploadID: de.Name(), Initiated: t})
+	}
+	slices.SortFunc(out, func(a, b Upload) int { return strings.Compare(a.Key+a.UploadID, b.Key+b.UploadID) })
+	return out, nil
+}
+
+func syncPath(p string) error {
+	f, err := os.Open(p)
+	if err != nil {
+		return err
+	}
+	defer f.Close()
+	if err := f.Sync(); err != nil {
+		return fmt.Errorf("sync %s: %w", p, err)
+	}
+	return nil
+}
