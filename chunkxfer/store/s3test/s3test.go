@@ -7,12 +7,19 @@ import (
 	"crypto/rand"
 	"encoding/hex"
 	"fmt"
+	"io"
+	"log"
+	"maps"
+	mrand "math/rand/v2"
 	"net"
 	"net/http"
+	"net/http/httputil"
+	"net/url"
 	"os"
 	"os/exec"
 	"path/filepath"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -125,4 +132,111 @@ func StartT(t testing.TB) *Server {
 	}
 	t.Cleanup(s.Stop)
 	return s
+}
+
+// FaultProxy is an HTTP proxy in front of a server that breaks a share
+// of requests: 503 Slow Down answers, connections reset before a reply,
+// slow replies, and reply bodies cut short.
+type FaultProxy struct {
+	URL  string
+	srv  *http.Server
+	mu   sync.Mutex
+	rnd  *mrand.Rand
+	Rate float64       // share of requests that get a fault
+	Slow time.Duration // delay of a slow reply
+	// Counts of faults injected, by kind.
+	Faults map[string]int
+}
+
+// StartFaultProxy proxies to target on a free loopback port.
+func StartFaultProxy(target string, rate float64, seed uint64) (*FaultProxy, error) {
+	u, err := url.Parse(target)
+	if err != nil {
+		return nil, err
+	}
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		return nil, err
+	}
+	p := &FaultProxy{URL: "http://" + l.Addr().String(), rnd: mrand.New(mrand.NewPCG(seed, 7)), Rate: rate, Slow: 300 * time.Millisecond, Faults: map[string]int{}}
+	rp := httputil.NewSingleHostReverseProxy(u)
+	// The client signed the request for the proxy's host; keep it.
+	rp.Director = func(r *http.Request) {
+		r.URL.Scheme, r.URL.Host = u.Scheme, u.Host
+	}
+	rp.ErrorLog = log.New(io.Discard, "", 0)
+	p.srv = &http.Server{Handler: http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		switch p.pick() {
+		case "503":
+			io.Copy(io.Discard, r.Body)
+			w.Header().Set("Content-Type", "application/xml")
+			w.WriteHeader(http.StatusServiceUnavailable)
+			io.WriteString(w, `<?xml version="1.0" encoding="UTF-8"?><Error><Code>SlowDown</Code><Message>injected</Message></Error>`)
+		case "reset":
+			if hj, ok := w.(http.Hijacker); ok {
+				if c, _, err := hj.Hijack(); err == nil {
+					if tc, ok := c.(*net.TCPConn); ok {
+						tc.SetLinger(0) // RST, not FIN
+					}
+					c.Close()
+					return
+				}
+			}
+			w.WriteHeader(http.StatusServiceUnavailable)
+		case "slow":
+			time.Sleep(p.Slow)
+			rp.ServeHTTP(w, r)
+		case "cut":
+			rp.ServeHTTP(&cutWriter{ResponseWriter: w, left: 1000}, r)
+		default:
+			rp.ServeHTTP(w, r)
+		}
+	})}
+	go p.srv.Serve(l)
+	return p, nil
+}
+
+func (p *FaultProxy) pick() string {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if p.rnd.Float64() >= p.Rate {
+		return ""
+	}
+	kind := []string{"503", "reset", "slow", "cut"}[p.rnd.IntN(4)]
+	p.Faults[kind]++
+	return kind
+}
+
+// Counts returns the faults injected so far.
+func (p *FaultProxy) Counts() map[string]int {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	return maps.Clone(p.Faults)
+}
+
+// Close stops the proxy.
+func (p *FaultProxy) Close() { p.srv.Close() }
+
+// cutWriter passes the headers and the first left bytes of a body, then
+// kills the connection: the client sees a body shorter than its length.
+type cutWriter struct {
+	http.ResponseWriter
+	left int
+}
+
+func (c *cutWriter) Write(b []byte) (int, error) {
+	if c.left <= 0 {
+		panic(http.ErrAbortHandler)
+	}
+	if len(b) > c.left {
+		n, _ := c.ResponseWriter.Write(b[:c.left])
+		c.left = 0
+		if f, ok := c.ResponseWriter.(http.Flusher); ok {
+			f.Flush()
+		}
+		_ = n
+		panic(http.ErrAbortHandler)
+	}
+	c.left -= len(b)
+	return c.ResponseWriter.Write(b)
 }

@@ -1,0 +1,198 @@
+package chunkxfer
+
+import (
+	"context"
+	"fmt"
+	"io"
+	"log/slog"
+	"strconv"
+	"sync"
+	"sync/atomic"
+
+	"github.com/dgraph-io/ristretto/v2"
+	"golang.org/x/sync/singleflight"
+
+	"github.com/tierfs/tierfs/chunkxfer/store"
+)
+
+// Cache holds verified chunks of remote objects, bounded in bytes. One
+// Cache is shared by every Reader of a process.
+type Cache struct {
+	c *ristretto.Cache[string, []byte]
+}
+
+// NewCache makes a cache of at most maxBytes of chunk data.
+func NewCache(maxBytes int64) (*Cache, error) {
+	c, err := ristretto.NewCache(&ristretto.Config[string, []byte]{
+		// Ten counters per expected entry (ristretto's advice), with
+		// entries of at least 64 KiB.
+		NumCounters: max(1000, 10*maxBytes/(64<<10)),
+		MaxCost:     maxBytes,
+		BufferItems: 64,
+		Metrics:     true,
+	})
+	if err != nil {
+		return nil, err
+	}
+	return &Cache{c: c}, nil
+}
+
+// Close releases the cache.
+func (c *Cache) Close() { c.c.Close() }
+
+// UsedBytes is the chunk data held now.
+func (c *Cache) UsedBytes() int64 {
+	m := c.c.Metrics
+	if m == nil {
+		return -1
+	}
+	return int64(m.CostAdded() - m.CostEvicted())
+}
+
+// ReaderOptions tune a Reader.
+type ReaderOptions struct {
+	// ReadAhead is how many chunks past a sequential read are fetched in
+	// the background (0: none).
+	ReadAhead int
+	Log       *slog.Logger
+}
+
+// Reader reads a remote object at any offset, a chunk at a time. Every
+// byte it returns was in a chunk whose CRC32C matched the manifest; a
+// mismatch that persists through retries is an error, never wrong bytes.
+type Reader struct {
+	s      store.Store
+	m      *Manifest
+	cache  *Cache
+	opts   ReaderOptions
+	flight singleflight.Group
+	prefix string
+
+	lastEnd atomic.Int64 // end of the last read, for sequential detection
+	ahead   sync.Map     // chunk index -> struct{}: read-ahead in flight
+	ctx     context.Context
+	cancel  context.CancelFunc
+	wg      sync.WaitGroup
+
+	fetches atomic.Int64 // chunk GETs made (for tests and metrics)
+}
+
+// NewReader opens key through its manifest.
+func NewReader(ctx context.Context, s store.Store, key string, cache *Cache, opts ReaderOptions) (*Reader, error) {
+	m, err := LoadManifest(ctx, s, key)
+	if err != nil {
+		return nil, err
+	}
+	bg, cancel := context.WithCancel(context.WithoutCancel(ctx))
+	r := &Reader{s: s, m: m, cache: cache, opts: opts, ctx: bg, cancel: cancel,
+		prefix: key + "\x00" + m.ETag + "\x00"}
+	r.lastEnd.Store(-1)
+	return r, nil
+}
+
+// Size is the object's size.
+func (r *Reader) Size() int64 { return r.m.Size }
+
+// Manifest is the object's manifest.
+func (r *Reader) Manifest() *Manifest { return r.m }
+
+// Fetches counts the chunk GETs made so far.
+func (r *Reader) Fetches() int64 { return r.fetches.Load() }
+
+// Close stops read-ahead.
+func (r *Reader) Close() error {
+	r.cancel()
+	r.wg.Wait()
+	return nil
+}
+
+// ReadAt implements io.ReaderAt.
+func (r *Reader) ReadAt(p []byte, off int64) (int, error) {
+	return r.ReadAtContext(context.Background(), p, off)
+}
+
+// ReadAtContext is ReadAt that gives up when ctx ends.
+func (r *Reader) ReadAtContext(ctx context.Context, p []byte, off int64) (int, error) {
+	if off < 0 {
+		return 0, fmt.Errorf("read %s: negative offset %d", r.m.Key, off)
+	}
+	if off >= r.m.Size {
+		return 0, io.EOF
+	}
+	sequential := r.lastEnd.Load() == off
+	n := 0
+	for n < len(p) && off+int64(n) < r.m.Size {
+		pos := off + int64(n)
+		i := int(pos / r.m.ChunkSize)
+		chunk, err := r.chunk(ctx, i)
+		if err != nil {
+			return n, err
+		}
+		n += copy(p[n:], chunk[pos-int64(i)*r.m.ChunkSize:])
+	}
+	end := off + int64(n)
+	r.lastEnd.Store(end)
+	if sequential || off == 0 {
+		r.readAhead(int(end / r.m.ChunkSize))
+	}
+	if n < len(p) {
+		return n, io.EOF
+	}
+	return n, nil
+}
+
+// chunk returns verified chunk i from the cache or the store; concurrent
+// misses of one chunk make one request.
+func (r *Reader) chunk(ctx context.Context, i int) ([]byte, error) {
+	key := r.prefix + strconv.Itoa(i)
+	if b, ok := r.cache.c.Get(key); ok {
+		return b, nil
+	}
+	ch := r.flight.DoChan(key, func() (any, error) {
+		if b, ok := r.cache.c.Get(key); ok {
+			return b, nil
+		}
+		_, n := r.m.ChunkRange(i)
+		buf := make([]byte, n)
+		r.fetches.Add(1)
+		// The fetch outlives one caller giving up: others may wait on it.
+		if err := fetchChunk(r.ctx, r.s, r.m, i, buf); err != nil {
+			return nil, err
+		}
+		// Wait makes the chunk visible to the next Get; a chunk the
+		// admission policy refuses is simply fetched again later.
+		r.cache.c.Set(key, buf, n)
+		r.cache.c.Wait()
+		return buf, nil
+	})
+	select {
+	case res := <-ch:
+		if res.Err != nil {
+			return nil, fmt.Errorf("read %s: %w", r.m.Key, res.Err)
+		}
+		return res.Val.([]byte), nil
+	case <-ctx.Done():
+		return nil, ctx.Err()
+	}
+}
+
+// readAhead fetches chunks from..from+ReadAhead-1 in the background.
+func (r *Reader) readAhead(from int) {
+	for i := from; i < from+r.opts.ReadAhead && i < r.m.Chunks(); i++ {
+		if _, busy := r.ahead.LoadOrStore(i, struct{}{}); busy {
+			continue
+		}
+		if _, ok := r.cache.c.Get(r.prefix + strconv.Itoa(i)); ok {
+			r.ahead.Delete(i)
+			continue
+		}
+		r.wg.Add(1)
+		go func() {
+			defer r.wg.Done()
+			defer r.ahead.Delete(i)
+			if _, err := r.chunk(r.ctx, i); err != nil && r.ctx.Err() == nil && r.opts.Log != nil {
+				r.opts.Log.Debug("read-ahead failed", "key", r.m.Key, "chunk", i, "err", err)
+			}
+		}()
+	}
+}

@@ -1,0 +1,67 @@
+package chunkxfer
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"time"
+
+	"github.com/tierfs/tierfs/chunkxfer/store"
+)
+
+// retryPolicy retries one chunk's transfer on top of whatever the store
+// retries itself: a store retries requests; this retries a chunk whose
+// body was cut short or failed its checksum.
+type retryPolicy struct {
+	attempts int
+	backoff  time.Duration
+}
+
+var defaultRetry = retryPolicy{attempts: 5, backoff: 50 * time.Millisecond}
+
+// permanent errors are not retried: the object or upload is gone or
+// changed, the source changed, or the caller gave up.
+func permanent(err error) bool {
+	return errors.Is(err, store.ErrNotFound) || errors.Is(err, store.ErrPrecondition) ||
+		errors.Is(err, ErrSourceChanged) || errors.Is(err, context.Canceled) || errors.Is(err, context.DeadlineExceeded)
+}
+
+func (p retryPolicy) do(ctx context.Context, fn func() error) error {
+	var err error
+	wait := p.backoff
+	for attempt := 1; ; attempt++ {
+		if err = fn(); err == nil || permanent(err) || attempt >= p.attempts {
+			return err
+		}
+		select {
+		case <-time.After(wait):
+		case <-ctx.Done():
+			return fmt.Errorf("%w (after: %v)", ctx.Err(), err)
+		}
+		wait = min(2*wait, 2*time.Second)
+	}
+}
+
+// fetchChunk reads chunk i of the object into buf (exactly its length)
+// and checks its CRC32C, retrying short bodies and mismatches.
+func fetchChunk(ctx context.Context, s store.Store, m *Manifest, i int, buf []byte) error {
+	off, n := m.ChunkRange(i)
+	if int64(len(buf)) != n {
+		return fmt.Errorf("chunk %d: buffer of %d bytes for %d", i, len(buf), n)
+	}
+	return defaultRetry.do(ctx, func() error {
+		rc, err := s.Get(ctx, m.Key, off, n, store.GetOptions{IfMatch: m.ETag})
+		if err != nil {
+			return err
+		}
+		defer rc.Close()
+		if _, err := io.ReadFull(rc, buf); err != nil {
+			return fmt.Errorf("chunk %d of %s: %w", i, m.Key, err)
+		}
+		if got := crc32c(buf); got != m.CRC32C[i] {
+			return fmt.Errorf("chunk %d of %s: CRC32C %08x, manifest says %08x: %w", i, m.Key, got, m.CRC32C[i], ErrChecksum)
+		}
+		return nil
+	})
+}

@@ -1,0 +1,387 @@
+package chunkxfer
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"os"
+	"sync"
+	"syscall"
+	"time"
+
+	"github.com/tierfs/tierfs/chunkxfer/store"
+)
+
+// ErrSourceChanged is a file that changed while it was being uploaded.
+//
+// The uploader fails such a transfer (and aborts its upload) rather than
+// keep the original chunks copy-on-write: the files tierfs ships are
+// rolled Kafka segments, which never change in place, so a change means
+// the broker is rewriting or removing the file and the tierer must decide
+// again from what is there now; keeping old bytes of changed files is the
+// job of change management (cm/), not of a transfer.
+var ErrSourceChanged = errors.New("file changed during upload")
+
+// Uploader uploads files as multipart objects.
+type Uploader struct {
+	Store      store.Store
+	JournalDir string // where transfer journals live (the state dir)
+	ChunkSize  int64  // part size; DefaultChunkSize when 0
+	Parallel   int    // parts in flight; 4 when 0
+	// Settle refuses files changed less than this long ago: ctime has
+	// coarse (jiffy) granularity, so a write in the same tick as the
+	// upload's first look could go unnoticed. 0 turns the check off.
+	Settle time.Duration
+	Log    *slog.Logger
+	Now    func() time.Time // nil: time.Now
+
+	// afterPart, when set (tests), runs after each confirmed part.
+	afterPart func(part int32)
+}
+
+// uploadHeader is the first line of an upload journal.
+type uploadHeader struct {
+	Key       string `json:"key"`
+	Path      string `json:"path"`
+	UploadID  string `json:"upload_id"`
+	ChunkSize int64  `json:"chunk_size"`
+	Source    Source `json:"source"`
+}
+
+// partRecord is a confirmed part.
+type partRecord struct {
+	Part   int32  `json:"part"`
+	ETag   string `json:"etag"`
+	CRC32C uint32 `json:"crc32c"`
+	Size   int64  `json:"size"`
+}
+
+func (u *Uploader) chunkSize() int64 {
+	if u.ChunkSize > 0 {
+		return u.ChunkSize
+	}
+	return DefaultChunkSize
+}
+
+func (u *Uploader) log() *slog.Logger {
+	if u.Log != nil {
+		return u.Log
+	}
+	return slog.New(slog.DiscardHandler)
+}
+
+func sourceOf(fi os.FileInfo) Source {
+	st := fi.Sys().(*syscall.Stat_t)
+	return Source{Ino: st.Ino, Size: st.Size, MtimeNs: st.Mtim.Nano(), CtimeNs: st.Ctim.Nano()}
+}
+
+func statSource(f *os.File) (Source, error) {
+	fi, err := f.Stat()
+	if err != nil {
+		return Source{}, err
+	}
+	return sourceOf(fi), nil
+}
+
+// Upload uploads the file at path to key, resuming an earlier upload of
+// the same unchanged file from its journal, and stores the manifest. It
+// returns the manifest once the object is complete.
+func (u *Uploader) Upload(ctx context.Context, path, key string) (*Manifest, error) {
+	f, err := os.Open(path)
+	if err != nil {
+		return nil, err
+	}
+	defer f.Close()
+	src, err := statSource(f)
+	if err != nil {
+		return nil, err
+	}
+	now := time.Now
+	if u.Now != nil {
+		now = u.Now
+	}
+	if u.Settle > 0 && now().Sub(time.Unix(0, src.CtimeNs)) < u.Settle {
+		return nil, fmt.Errorf("upload %s: changed %v ago, less than %v: %w", path, now().Sub(time.Unix(0, src.CtimeNs)).Round(time.Millisecond), u.Settle, ErrSourceChanged)
+	}
+	if m, err := LoadManifest(ctx, u.Store, key); err == nil && m.Source == src && m.ChunkSize == u.chunkSize() {
+		// Done before, and the journal was not removed (a crash right
+		// after completing).
+		os.Remove(journalPath(u.JournalDir, "upload", key))
+		return m, nil
+	}
+	if src.Size == 0 {
+		return u.putEmpty(ctx, key, src)
+	}
+	t, err := u.start(ctx, path, key, src)
+	if err != nil {
+		return nil, err
+	}
+	m, err := t.run(ctx, f)
+	if err != nil {
+		t.j.close()
+		if errors.Is(err, ErrSourceChanged) || errors.Is(err, store.ErrNotFound) {
+			u.discard(t)
+		}
+		return nil, err
+	}
+	return m, nil
+}
+
+// upload is one transfer in progress.
+type upload struct {
+	u      *Uploader
+	h      uploadHeader
+	j      *journal
+	mu     sync.Mutex
+	parts  map[int32]partRecord // confirmed; GUARDED_BY(mu)
+	nParts int32
+}
+
+// start resumes the journaled upload of key if it is for this very file,
+// or starts a new one, aborting any other upload of key.
+func (u *Uploader) start(ctx context.Context, path, key string, src Source) (*upload, error) {
+	jp := journalPath(u.JournalDir, "upload", key)
+	t := &upload{u: u, parts: map[int32]partRecord{}}
+	var old uploadHeader
+	recs := map[int32]partRecord{}
+	ok, err := readJournal(jp, &old, func(raw json.RawMessage) error {
+		var r partRecord
+		if err := json.Unmarshal(raw, &r); err != nil {
+			return err
+		}
+		recs[r.Part] = r
+		return nil
+	})
+	if err != nil {
+		return nil, err
+	}
+	if ok && old.Key == key && old.Path == path && old.Source == src && old.ChunkSize == u.chunkSize() {
+		// The store must still hold every journaled part as recorded.
+		stored, err := u.Store.ListParts(ctx, key, old.UploadID)
+		if err == nil {
+			byNum := map[int32]store.Part{}
+			for _, p := range stored {
+				byNum[p.Number] = p
+			}
+			for n, r := range recs {
+				if p, ok := byNum[n]; ok && p.ETag == r.ETag && p.Size == r.Size {
+					t.parts[n] = r
+				}
+			}
+			if t.j, err = reopenJournal(jp, true); err != nil {
+				return nil, err
+			}
+			t.h = old
+			u.log().Info("resuming upload", "key", key, "parts_done", len(t.parts))
+			u.abortOthers(ctx, key, old.UploadID)
+			return t, nil
+		}
+		if !errors.Is(err, store.ErrNotFound) {
+			return nil, err
+		}
+	}
+	if ok {
+		// The file changed, or the upload is gone: start over.
+		u.abortUpload(ctx, old.Key, old.UploadID)
+	}
+	u.abortOthers(ctx, key, "")
+	id, err := u.Store.CreateMultipart(ctx, key)
+	if err != nil {
+		return nil, err
+	}
+	t.h = uploadHeader{Key: key, Path: path, UploadID: id, ChunkSize: u.chunkSize(), Source: src}
+	if t.j, err = createJournal(jp, t.h, true); err != nil {
+		u.abortUpload(ctx, key, id)
+		return nil, err
+	}
+	return t, nil
+}
+
+// abortOthers aborts uploads of exactly key other than keep: leftovers
+// of a crash between creating an upload and journaling it. One tierfs
+// owns its keys (the backing directory lock), so none is anyone else's.
+func (u *Uploader) abortOthers(ctx context.Context, key, keep string) {
+	ups, err := u.Store.ListMultipart(ctx, key)
+	if err != nil {
+		u.log().Warn("cannot list uploads to clean up", "key", key, "err", err)
+		return
+	}
+	for _, up := range ups {
+		if up.Key == key && up.UploadID != keep {
+			u.abortUpload(ctx, key, up.UploadID)
+		}
+	}
+}
+
+func (u *Uploader) abortUpload(ctx context.Context, key, id string) {
+	if err := u.Store.AbortMultipart(ctx, key, id); err != nil && !errors.Is(err, store.ErrNotFound) {
+		u.log().Warn("cannot abort upload", "key", key, "upload", id, "err", err)
+	}
+}
+
+// discard abandons a transfer for good.
+func (u *Uploader) discard(t *upload) {
+	u.abortUpload(context.Background(), t.h.Key, t.h.UploadID)
+	os.Remove(t.j.path)
+}
+
+// run uploads the missing parts, checks the file did not change,
+// completes the upload and stores the manifest.
+func (t *upload) run(ctx context.Context, f *os.File) (*Manifest, error) {
+	size, cs := t.h.Source.Size, t.h.ChunkSize
+	t.nParts = int32((size + cs - 1) / cs)
+	if t.nParts > store.MaxParts {
+		return nil, fmt.Errorf("upload %s: %d bytes need %d parts of %d, more than %d", t.h.Path, size, t.nParts, cs, store.MaxParts)
+	}
+	var todo []int32
+	for n := int32(1); n <= t.nParts; n++ {
+		if _, ok := t.parts[n]; !ok {
+			todo = append(todo, n)
+		}
+	}
+	if err := t.uploadParts(ctx, f, todo); err != nil {
+		return nil, err
+	}
+	if err := t.checkSource(f); err != nil {
+		return nil, err
+	}
+	parts := make([]store.Part, 0, t.nParts)
+	crcs := make([]uint32, 0, t.nParts)
+	for n := int32(1); n <= t.nParts; n++ {
+		r := t.parts[n]
+		parts = append(parts, store.Part{Number: n, ETag: r.ETag, Size: r.Size})
+		crcs = append(crcs, r.CRC32C)
+	}
+	info, err := t.u.Store.CompleteMultipart(ctx, t.h.Key, t.h.UploadID, parts)
+	if err != nil {
+		return nil, err
+	}
+	if info.ETag == "" {
+		if info, err = t.u.Store.Head(ctx, t.h.Key); err != nil {
+			return nil, err
+		}
+	}
+	m := &Manifest{Version: manifestVersion, Key: t.h.Key, ETag: info.ETag, Size: size, ChunkSize: cs, CRC32C: crcs,
+		Whole: compositeChecksum(crcs), Source: t.h.Source, Stored: time.Now().UTC()}
+	if err := putManifest(ctx, t.u.Store, m); err != nil {
+		return nil, err
+	}
+	if err := t.j.remove(); err != nil {
+		t.u.log().Warn("cannot remove upload journal", "path", t.j.path, "err", err)
+	}
+	return m, nil
+}
+
+// checkSource fails when the open file is no longer what the upload
+// started from, or the path names another file now.
+func (t *upload) checkSource(f *os.File) error {
+	now, err := statSource(f)
+	if err != nil {
+		return err
+	}
+	if now != t.h.Source {
+		return fmt.Errorf("upload %s: size %d→%d, mtime or ctime moved: %w", t.h.Path, t.h.Source.Size, now.Size, ErrSourceChanged)
+	}
+	fi, err := os.Stat(t.h.Path)
+	if err != nil {
+		return fmt.Errorf("upload %s: %v: %w", t.h.Path, err, ErrSourceChanged)
+	}
+	if sourceOf(fi) != t.h.Source {
+		return fmt.Errorf("upload %s: the path names another file now: %w", t.h.Path, ErrSourceChanged)
+	}
+	return nil
+}
+
+// uploadParts uploads parts with Parallel workers; the first error
+// stops the rest.
+func (t *upload) uploadParts(ctx context.Context, f *os.File, todo []int32) error {
+	workers := t.u.Parallel
+	if workers <= 0 {
+		workers = 4
+	}
+	ctx, cancel := context.WithCancelCause(ctx)
+	defer cancel(nil)
+	next := make(chan int32)
+	var wg sync.WaitGroup
+	for range min(workers, max(1, len(todo))) {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			buf := make([]byte, t.h.ChunkSize)
+			for n := range next {
+				if err := t.uploadPart(ctx, f, n, buf); err != nil {
+					cancel(err)
+				}
+			}
+		}()
+	}
+	for _, n := range todo {
+		select {
+		case next <- n:
+		case <-ctx.Done():
+		}
+		if ctx.Err() != nil {
+			break
+		}
+	}
+	close(next)
+	wg.Wait()
+	if err := context.Cause(ctx); err != nil && !errors.Is(err, context.Canceled) {
+		return err
+	}
+	return ctx.Err()
+}
+
+// uploadPart reads part n, checks the file is unchanged after reading
+// it, uploads it and journals it.
+func (t *upload) uploadPart(ctx context.Context, f *os.File, n int32, buf []byte) error {
+	off := int64(n-1) * t.h.ChunkSize
+	size := min(t.h.ChunkSize, t.h.Source.Size-off)
+	buf = buf[:size]
+	if _, err := f.ReadAt(buf, off); err != nil {
+		if errors.Is(err, io.EOF) {
+			err = fmt.Errorf("%v: %w", err, ErrSourceChanged) // it shrank
+		}
+		return fmt.Errorf("upload %s: read part %d: %w", t.h.Path, n, err)
+	}
+	if err := t.checkSource(f); err != nil {
+		return err
+	}
+	crc := crc32c(buf)
+	var p store.Part
+	err := defaultRetry.do(ctx, func() error {
+		var err error
+		p, err = t.u.Store.UploadPart(ctx, t.h.Key, t.h.UploadID, n, bytes.NewReader(buf), size)
+		return err
+	})
+	if err != nil {
+		return err
+	}
+	rec := partRecord{Part: n, ETag: p.ETag, CRC32C: crc, Size: size}
+	if err := t.j.append(rec); err != nil {
+		return err
+	}
+	t.mu.Lock()
+	t.parts[n] = rec
+	t.mu.Unlock()
+	if t.u.afterPart != nil {
+		t.u.afterPart(n)
+	}
+	return nil
+}
+
+// putEmpty stores an empty file: no parts (S3 wants at least one, of
+// which an empty one is not accepted everywhere), no chunks.
+func (u *Uploader) putEmpty(ctx context.Context, key string, src Source) (*Manifest, error) {
+	info, err := u.Store.Put(ctx, key, bytes.NewReader(nil), 0)
+	if err != nil {
+		return nil, err
+	}
+	m := &Manifest{Version: manifestVersion, Key: key, ETag: info.ETag, ChunkSize: u.chunkSize(),
+		Whole: compositeChecksum(nil), Source: src, Stored: time.Now().UTC()}
+	return m, putManifest(ctx, u.Store, m)
+}

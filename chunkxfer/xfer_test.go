@@ -1,0 +1,500 @@
+package chunkxfer
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"math/rand/v2"
+	"os"
+	"path/filepath"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/tierfs/tierfs/chunkxfer/store"
+	"github.com/tierfs/tierfs/chunkxfer/store/s3test"
+)
+
+// backend is a store the same test bodies run against.
+type backend struct {
+	name  string
+	s     store.Store
+	chunk int64 // the smallest part size the store takes
+	url   string
+	creds store.S3Options
+}
+
+var (
+	s3Once sync.Once
+	s3Srv  *s3test.Server
+	s3Err  error
+)
+
+// sharedS3 starts one versitygw for the package's tests.
+func sharedS3(t *testing.T) *s3test.Server {
+	s3Once.Do(func() {
+		dir, err := os.MkdirTemp("", "tierfs-chunkxfer-s3-")
+		if err != nil {
+			s3Err = err
+			return
+		}
+		s3Srv, s3Err = s3test.Start(filepath.Join(dir, "s3"))
+	})
+	if s3Err != nil {
+		t.Fatal(s3Err)
+	}
+	return s3Srv
+}
+
+func TestMain(m *testing.M) {
+	if os.Getenv(childEnv) != "" {
+		os.Exit(runChild())
+	}
+	code := m.Run()
+	if s3Srv != nil {
+		s3Srv.Stop()
+	}
+	os.Exit(code)
+}
+
+var bucketSeq int
+
+func backends(t *testing.T) []backend {
+	dir := t.TempDir()
+	d, err := store.NewDir(filepath.Join(dir, "remote"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	srv := sharedS3(t)
+	bucketSeq++
+	bucket := fmt.Sprintf("xfer-%d-%d", os.Getpid(), bucketSeq)
+	s3s, err := srv.NewStore(context.Background(), bucket, "t/")
+	if err != nil {
+		t.Fatal(err)
+	}
+	return []backend{
+		{name: "mem", s: store.NewMem(nil), chunk: 64 << 10},
+		{name: "dir", s: d, chunk: 64 << 10, url: "file://" + filepath.Join(dir, "remote")},
+		{name: "s3", s: s3s, chunk: 5 << 20, url: "s3://" + bucket + "/t/?endpoint=" + srv.Endpoint, creds: srv.Options(bucket, "t/")},
+	}
+}
+
+func randomFile(t *testing.T, path string, n int64, seed uint64) []byte {
+	t.Helper()
+	r := rand.New(rand.NewPCG(seed, 3))
+	b := make([]byte, n)
+	for i := range b {
+		b[i] = byte(r.Uint32())
+	}
+	if err := os.WriteFile(path, b, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	return b
+}
+
+func noUploads(t *testing.T, s store.Store) {
+	t.Helper()
+	ups, err := s.ListMultipart(context.Background(), "")
+	if err != nil || len(ups) != 0 {
+		t.Fatalf("leaked uploads: %+v %v", ups, err)
+	}
+}
+
+func TestRoundTrip(t *testing.T) {
+	for _, b := range backends(t) {
+		t.Run(b.name, func(t *testing.T) {
+			ctx := context.Background()
+			dir := t.TempDir()
+			cs := b.chunk
+			for i, size := range []int64{0, 1, cs - 1, cs, cs + 1, 3*cs + cs/2} {
+				path := filepath.Join(dir, fmt.Sprintf("f%d", i))
+				want := randomFile(t, path, size, uint64(i))
+				key := fmt.Sprintf("p/f%d", i)
+				up := &Uploader{Store: b.s, JournalDir: filepath.Join(dir, "journal"), ChunkSize: cs, Parallel: 3}
+				m, err := up.Upload(ctx, path, key)
+				if err != nil {
+					t.Fatalf("upload %d bytes: %v", size, err)
+				}
+				if m.Size != size || int64(m.Chunks()) != (size+cs-1)/cs {
+					t.Fatalf("manifest %+v", m)
+				}
+				if err := Verify(ctx, b.s, m); err != nil {
+					t.Fatal(err)
+				}
+				dl := &Downloader{Store: b.s, JournalDir: filepath.Join(dir, "journal"), Parallel: 3}
+				dest := filepath.Join(dir, fmt.Sprintf("back%d", i))
+				if _, err := dl.Download(ctx, key, dest); err != nil {
+					t.Fatalf("download: %v", err)
+				}
+				if got, _ := os.ReadFile(dest); !bytes.Equal(got, want) {
+					t.Fatalf("download of %d bytes differs", size)
+				}
+				cache, _ := NewCache(4 * cs)
+				r, err := NewReader(ctx, b.s, key, cache, ReaderOptions{ReadAhead: 2})
+				if err != nil {
+					t.Fatal(err)
+				}
+				got, err := io.ReadAll(io.NewSectionReader(r, 0, size))
+				if err != nil || !bytes.Equal(got, want) {
+					t.Fatalf("reader: %d bytes, %v", len(got), err)
+				}
+				r.Close()
+				cache.Close()
+				// A second upload of the unchanged file is a no-op.
+				m2, err := up.Upload(ctx, path, key)
+				if err != nil || m2.ETag != m.ETag {
+					t.Fatalf("re-upload: %v", err)
+				}
+			}
+			if ents, _ := os.ReadDir(filepath.Join(dir, "journal")); len(ents) != 0 {
+				t.Fatalf("journals left: %v", ents)
+			}
+			noUploads(t, b.s)
+		})
+	}
+}
+
+func TestSourceChanges(t *testing.T) {
+	for _, b := range backends(t) {
+		t.Run(b.name, func(t *testing.T) {
+			ctx := context.Background()
+			dir := t.TempDir()
+			cs := b.chunk
+			for _, change := range []string{"write", "append", "truncate", "replace"} {
+				path := filepath.Join(dir, "seg-"+change)
+				randomFile(t, path, 4*cs, 9)
+				key := "c/" + change
+				up := &Uploader{Store: b.s, JournalDir: filepath.Join(dir, "journal"), ChunkSize: cs, Parallel: 1}
+				up.afterPart = func(n int32) {
+					if n != 2 {
+						return
+					}
+					time.Sleep(10 * time.Millisecond) // a later ctime tick
+					switch change {
+					case "write":
+						f, _ := os.OpenFile(path, os.O_WRONLY, 0)
+						f.WriteAt([]byte("X"), 5)
+						f.Close()
+					case "append":
+						f, _ := os.OpenFile(path, os.O_WRONLY|os.O_APPEND, 0)
+						f.Write([]byte("more"))
+						f.Close()
+					case "truncate":
+						os.Truncate(path, cs)
+					case "replace":
+						os.WriteFile(path+".new", []byte("new"), 0o644)
+						os.Rename(path+".new", path)
+					}
+				}
+				_, err := up.Upload(ctx, path, key)
+				if !errors.Is(err, ErrSourceChanged) {
+					t.Fatalf("%s during upload: %v", change, err)
+				}
+				if _, err := b.s.Head(ctx, key); !errors.Is(err, store.ErrNotFound) {
+					t.Fatalf("%s: an object was stored: %v", change, err)
+				}
+				if _, err := LoadManifest(ctx, b.s, key); err == nil {
+					t.Fatalf("%s: a manifest was stored", change)
+				}
+			}
+			noUploads(t, b.s)
+			// A file written just now is refused when Settle is set.
+			path := filepath.Join(dir, "fresh")
+			randomFile(t, path, 10, 1)
+			up := &Uploader{Store: b.s, JournalDir: filepath.Join(dir, "journal"), ChunkSize: cs, Settle: time.Minute}
+			if _, err := up.Upload(ctx, path, "c/fresh"); !errors.Is(err, ErrSourceChanged) {
+				t.Fatalf("fresh file: %v", err)
+			}
+		})
+	}
+}
+
+// TestMemFaults: with random faults on every call, transfers either
+// succeed byte-exact or fail with an error; they never return or store
+// wrong bytes.
+func TestMemFaults(t *testing.T) {
+	ctx := context.Background()
+	dir := t.TempDir()
+	const cs = 32 << 10
+	path := filepath.Join(dir, "f")
+	want := randomFile(t, path, 20*cs+77, 5)
+	boom := errors.New("injected 503")
+	ok, failed := 0, 0
+	for seed := range uint64(30) {
+		m := store.NewMem(nil)
+		r := rand.New(rand.NewPCG(seed, 11))
+		for range 8 {
+			f := store.Fault{Skip: r.IntN(30), Times: 1 + r.IntN(3)}
+			switch r.IntN(4) {
+			case 0:
+				f.Err = boom
+			case 1:
+				f.DieAfter = 1 + r.Int64N(cs)
+			case 2:
+				f.Op, f.Truncate = store.OpGet, 1+r.Int64N(cs)
+			case 3:
+				f.Op, f.FlipAt = store.OpGet, 1+r.Int64N(cs)
+			}
+			m.Inject(f)
+		}
+		jd := filepath.Join(dir, fmt.Sprint("j", seed))
+		up := &Uploader{Store: m, JournalDir: jd, ChunkSize: cs, Parallel: 4}
+		man, err := up.Upload(ctx, path, "k")
+		if err != nil {
+			failed++
+			continue
+		}
+		dest := filepath.Join(dir, fmt.Sprint("d", seed))
+		dl := &Downloader{Store: m, JournalDir: jd, Parallel: 4}
+		if _, err := dl.Download(ctx, "k", dest); err == nil {
+			if got, _ := os.ReadFile(dest); !bytes.Equal(got, want) {
+				t.Fatalf("seed %d: download returned wrong bytes", seed)
+			}
+		}
+		cache, _ := NewCache(2 * cs)
+		rd, err := NewReader(ctx, m, "k", cache, ReaderOptions{ReadAhead: 2})
+		if err == nil {
+			got := make([]byte, len(want))
+			n, err := rd.ReadAt(got, 0)
+			if err == nil && !bytes.Equal(got[:n], want) {
+				t.Fatalf("seed %d: reader returned wrong bytes", seed)
+			}
+			rd.Close()
+		}
+		cache.Close()
+		// Stored bytes are right, whatever the transfers saw.
+		m.ClearFaults()
+		if err := Verify(ctx, m, man); err != nil {
+			t.Fatalf("seed %d: stored object is wrong: %v", seed, err)
+		}
+		ok++
+	}
+	t.Logf("%d uploads succeeded, %d failed cleanly", ok, failed)
+	if ok == 0 {
+		t.Fatal("no upload survived the faults: retries do not work")
+	}
+	// A chunk that is always corrupt is an error, never data.
+	m := store.NewMem(nil)
+	up := &Uploader{Store: m, JournalDir: filepath.Join(dir, "jx"), ChunkSize: cs}
+	if _, err := up.Upload(ctx, path, "k"); err != nil {
+		t.Fatal(err)
+	}
+	cache, _ := NewCache(1 << 20)
+	defer cache.Close()
+	rd, err := NewReader(ctx, m, "k", cache, ReaderOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	m.Inject(store.Fault{Op: store.OpGet, KeyPrefix: "k", FlipAt: 100})
+	buf := make([]byte, 10)
+	if n, err := rd.ReadAt(buf, 3*cs); !errors.Is(err, ErrChecksum) || n != 0 {
+		t.Fatalf("corrupt chunk: %d bytes, %v", n, err)
+	}
+}
+
+func TestReaderRandomReads(t *testing.T) {
+	for _, b := range backends(t) {
+		t.Run(b.name, func(t *testing.T) {
+			ctx := context.Background()
+			dir := t.TempDir()
+			cs := b.chunk
+			path := filepath.Join(dir, "f")
+			size := 6*cs + 1234
+			randomFile(t, path, size, 8)
+			up := &Uploader{Store: b.s, JournalDir: dir, ChunkSize: cs}
+			if _, err := up.Upload(ctx, path, "r/f"); err != nil {
+				t.Fatal(err)
+			}
+			local, _ := os.Open(path)
+			defer local.Close()
+			cache, _ := NewCache(2 * cs) // holds two chunks of seven
+			defer cache.Close()
+			rd, err := NewReader(ctx, b.s, "r/f", cache, ReaderOptions{ReadAhead: 1})
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer rd.Close()
+			r := rand.New(rand.NewPCG(1, 2))
+			steps := 300
+			if b.name == "s3" {
+				steps = 60
+			}
+			for range steps {
+				off := r.Int64N(size + 100)
+				n := r.Int64N(2*cs + 10)
+				got, want := make([]byte, n), make([]byte, n)
+				gn, gerr := rd.ReadAt(got, off)
+				wn, werr := local.ReadAt(want, off)
+				if gn != wn || (gerr == nil) != (werr == nil) || !bytes.Equal(got[:gn], want[:wn]) {
+					t.Fatalf("ReadAt(%d, %d): %d %v, file gives %d %v", n, off, gn, gerr, wn, werr)
+				}
+			}
+		})
+	}
+}
+
+func TestReaderSingleflight(t *testing.T) {
+	ctx := context.Background()
+	dir := t.TempDir()
+	path := filepath.Join(dir, "f")
+	want := randomFile(t, path, 4<<16, 4)
+	m := store.NewMem(nil)
+	up := &Uploader{Store: m, JournalDir: dir, ChunkSize: 1 << 16}
+	if _, err := up.Upload(ctx, path, "s"); err != nil {
+		t.Fatal(err)
+	}
+	cache, _ := NewCache(1 << 20)
+	defer cache.Close()
+	rd, err := NewReader(ctx, m, "s", cache, ReaderOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer rd.Close()
+	m.Inject(store.Fault{Op: store.OpGet, Latency: 100 * time.Millisecond})
+	var wg sync.WaitGroup
+	for i := range 16 {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			b := make([]byte, 100)
+			if _, err := rd.ReadAt(b, int64(1<<16+i*100)); err != nil || !bytes.Equal(b, want[1<<16+i*100:][:100]) {
+				t.Errorf("reader %d: %v", i, err)
+			}
+		}()
+	}
+	wg.Wait()
+	if rd.Fetches() != 1 {
+		t.Fatalf("16 concurrent misses of one chunk made %d fetches", rd.Fetches())
+	}
+	// Sequential reads fetch ahead: after reading chunk 0, chunk 1 is
+	// already there.
+	m.ClearFaults()
+	rd2, _ := NewReader(ctx, m, "s", cache, ReaderOptions{ReadAhead: 2})
+	defer rd2.Close()
+	cache.c.Clear()
+	b := make([]byte, 1<<16)
+	rd2.ReadAt(b, 0)
+	deadline := time.Now().Add(5 * time.Second)
+	for rd2.Fetches() < 3 && time.Now().Before(deadline) {
+		time.Sleep(5 * time.Millisecond)
+	}
+	rd2.wg.Wait()
+	before := rd2.Fetches()
+	rd2.ReadAt(b, 1<<16)
+	if before != 3 || rd2.Fetches() != before+0 && rd2.Fetches() != before+1 {
+		t.Fatalf("read-ahead: %d fetches before the second read, %d after", before, rd2.Fetches())
+	}
+}
+
+func TestDownloadResume(t *testing.T) {
+	ctx := context.Background()
+	dir := t.TempDir()
+	const cs = 1 << 16
+	path := filepath.Join(dir, "f")
+	want := randomFile(t, path, 40*cs, 6)
+	m := store.NewMem(nil)
+	up := &Uploader{Store: m, JournalDir: dir, ChunkSize: cs}
+	if _, err := up.Upload(ctx, path, "d"); err != nil {
+		t.Fatal(err)
+	}
+	dest := filepath.Join(dir, "out")
+	// The store dies after 25 chunk GETs (plus the manifest's).
+	m.Inject(store.Fault{Op: store.OpGet, Skip: 26, Err: errors.New("network gone")})
+	dl := &Downloader{Store: m, JournalDir: filepath.Join(dir, "j"), Parallel: 2}
+	if _, err := dl.Download(ctx, "d", dest); err == nil {
+		t.Fatal("download survived a dead network")
+	}
+	if _, err := os.Stat(dest); err == nil {
+		t.Fatal("a partial download was put in place")
+	}
+	// Corrupt one journaled chunk of the partial file: it is fetched again.
+	f, _ := os.OpenFile(dest+tempSuffix, os.O_WRONLY, 0)
+	f.WriteAt([]byte("garbage"), 3*cs+5)
+	f.Close()
+	m.ClearFaults()
+	gets := m.Calls(store.OpGet)
+	if _, err := dl.Download(ctx, "d", dest); err != nil {
+		t.Fatal(err)
+	}
+	if got, _ := os.ReadFile(dest); !bytes.Equal(got, want) {
+		t.Fatal("resumed download differs")
+	}
+	refetched := m.Calls(store.OpGet) - gets - 1 // minus the manifest
+	if refetched >= 40 || refetched < 15 {
+		t.Fatalf("resume fetched %d of 40 chunks", refetched)
+	}
+	t.Logf("resume fetched %d of 40 chunks", refetched)
+}
+
+// TestS3ThroughFaultyProxy runs transfers against versitygw through a
+// proxy that answers 503, resets connections, is slow, and cuts bodies:
+// they succeed byte-exact (the SDK and chunk retries absorb the faults)
+// or fail with an error, never with wrong bytes.
+func TestS3ThroughFaultyProxy(t *testing.T) {
+	srv := sharedS3(t)
+	proxy, err := s3test.StartFaultProxy(srv.Endpoint, 0.15, 1)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer proxy.Close()
+	proxy.Slow = 200 * time.Millisecond
+	ctx := context.Background()
+	direct, err := srv.NewStore(ctx, "faulty", "")
+	if err != nil {
+		t.Fatal(err)
+	}
+	o := srv.Options("faulty", "")
+	o.Endpoint, o.MaxAttempts = proxy.URL, 8
+	s, err := store.NewS3(ctx, o)
+	if err != nil {
+		t.Fatal(err)
+	}
+	dir := t.TempDir()
+	const cs = 5 << 20
+	path := filepath.Join(dir, "f")
+	want := randomFile(t, path, 4*cs+999, 12)
+	ok := 0
+	for i := range 3 {
+		key := fmt.Sprintf("f%d", i)
+		up := &Uploader{Store: s, JournalDir: filepath.Join(dir, "j"), ChunkSize: cs, Parallel: 4}
+		if _, err := up.Upload(ctx, path, key); err != nil {
+			t.Logf("upload %d failed: %v", i, err)
+			continue
+		}
+		// What is stored is right, read past the proxy.
+		if got, err := store.ReadAll(direct.Get(ctx, key, 0, -1, store.GetOptions{})); err != nil || !bytes.Equal(got, want) {
+			t.Fatalf("upload %d stored wrong bytes (%v)", i, err)
+		}
+		dl := &Downloader{Store: s, JournalDir: filepath.Join(dir, "j"), Parallel: 4}
+		dest := filepath.Join(dir, key+".back")
+		if _, err := dl.Download(ctx, key, dest); err != nil {
+			t.Logf("download %d failed: %v", i, err)
+		} else if got, _ := os.ReadFile(dest); !bytes.Equal(got, want) {
+			t.Fatalf("download %d returned wrong bytes", i)
+		}
+		cache, _ := NewCache(2 * cs)
+		rd, err := NewReader(ctx, s, key, cache, ReaderOptions{ReadAhead: 1})
+		if err == nil {
+			got := make([]byte, len(want))
+			if n, err := rd.ReadAt(got, 0); err == nil && !bytes.Equal(got[:n], want) {
+				t.Fatalf("reader %d returned wrong bytes", i)
+			}
+			rd.Close()
+		}
+		cache.Close()
+		ok++
+	}
+	counts := proxy.Counts()
+	t.Logf("faults injected: %v; %d of 3 rounds completed", counts, ok)
+	if ok == 0 {
+		t.Fatal("no transfer got through a 15% fault rate")
+	}
+	for _, k := range []string{"503", "reset", "slow", "cut"} {
+		if counts[k] == 0 {
+			t.Errorf("no %s fault was injected", k)
+		}
+	}
+	noUploads(t, direct)
+}
