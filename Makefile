@@ -3,7 +3,7 @@ GO      ?= go
 BIN     := bin/tierfs
 VERSION ?= $(shell git describe --always --dirty 2>/dev/null || echo dev)
 
-.PHONY: build test fuzz e2e bench bench-local bench-scan lint demo deps clean
+.PHONY: build test fuzz e2e bench bench-local bench-scan bench-xfer lint demo deps clean
 
 build:
 	$(GO) build -ldflags "-X main.version=$(VERSION)" -o $(BIN) ./cmd/tierfs
@@ -24,7 +24,11 @@ fuzz:
 e2e: build
 	$(GO) test -count=1 -timeout 30m ./e2e/...
 
-bench: bench-local bench-scan
+bench: bench-local bench-scan bench-xfer
+
+# Transfers against versitygw on loopback: raw aws-sdk-go-v2 limits, then Uploader, Downloader, Reader.
+bench-xfer:
+	$(GO) run ./bench/xfer -size $(or $(SIZE),1GiB) -runs 3
 
 # Segment scan speed (headers, CRC32C, chunker) next to cat, 1 GiB from page cache.
 bench-scan:

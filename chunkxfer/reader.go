@@ -70,6 +70,14 @@ type Reader struct {
 
 	lastEnd atomic.Int64 // end of the last read, for sequential detection
 	ahead   sync.Map     // chunk index -> struct{}: read-ahead in flight
+
+	// The window holds the chunks around the read position: the one
+	// being read and those fetched ahead. It does not depend on the
+	// shared cache admitting them (ristretto's TinyLFU refuses new
+	// entries once full, which would make a sequential reader fetch
+	// every chunk once per read).
+	winMu  sync.Mutex
+	window map[int][]byte // GUARDED_BY(winMu)
 	ctx     context.Context
 	cancel  context.CancelFunc
 	wg      sync.WaitGroup
@@ -87,6 +95,7 @@ func NewReader(ctx context.Context, s store.Store, key string, cache *Cache, opt
 	r := &Reader{s: s, m: m, cache: cache, opts: opts, ctx: bg, cancel: cancel,
 		prefix: key + "\x00" + m.ETag + "\x00"}
 	r.lastEnd.Store(-1)
+	r.window = map[int][]byte{}
 	return r, nil
 }
 
@@ -141,11 +150,47 @@ func (r *Reader) ReadAtContext(ctx context.Context, p []byte, off int64) (int, e
 	return n, nil
 }
 
-// chunk returns verified chunk i from the cache or the store; concurrent
-// misses of one chunk make one request.
+// windowGet returns chunk i if it is in the window.
+func (r *Reader) windowGet(i int) ([]byte, bool) {
+	r.winMu.Lock()
+	defer r.winMu.Unlock()
+	b, ok := r.window[i]
+	return b, ok
+}
+
+// windowPut keeps chunk i, dropping chunks outside [i-1, i+ReadAhead+1]
+// relative to the newest one read: the window holds at most
+// ReadAhead+3 chunks.
+func (r *Reader) windowPut(i int, b []byte, reading bool) {
+	r.winMu.Lock()
+	defer r.winMu.Unlock()
+	r.window[i] = b
+	if !reading {
+		return
+	}
+	for k := range r.window {
+		if k < i-1 || k > i+r.opts.ReadAhead+1 {
+			delete(r.window, k)
+		}
+	}
+}
+
+// chunk returns verified chunk i from the window, the cache or the
+// store; concurrent misses of one chunk make one request.
 func (r *Reader) chunk(ctx context.Context, i int) ([]byte, error) {
+	return r.chunkFor(ctx, i, true)
+}
+
+func (r *Reader) chunkFor(ctx context.Context, i int, reading bool) ([]byte, error) {
+	if b, ok := r.windowGet(i); ok {
+		if reading {
+			r.windowPut(i, b, true)
+		}
+		return b, nil
+	}
 	key := r.prefix + strconv.Itoa(i)
 	if b, ok := r.cache.c.Get(key); ok {
+		r.windowPut(i, b, reading)
 		return b, nil
 	}
 	ch := r.flight.DoChan(key, func() (any, error) {
@@ -159,10 +204,9 @@ func (r *Reader) chunk(ctx context.Context, i int) ([]byte, error) {
 		if err := fetchChunk(r.ctx, r.s, r.m, i, buf); err != nil {
 			return nil, err
 		}
-		// Wait makes the chunk visible to the next Get; a chunk the
-		// admission policy refuses is simply fetched again later.
+		// The window serves this reader; the cache serves re-reads
+		// (it may refuse the chunk: then a re-read fetches it again).
 		r.cache.c.Set(key, buf, n)
-		r.cache.c.Wait()
 		return buf, nil
 	})
 	select {
@@ -170,7 +214,9 @@ func (r *Reader) chunk(ctx context.Context, i int) ([]byte, error) {
 		if res.Err != nil {
 			return nil, fmt.Errorf("read %s: %w", r.m.Key, res.Err)
 		}
-		return res.Val.([]byte), nil
+		b := res.Val.([]byte)
+		r.windowPut(i, b, reading)
+		return b, nil
 	case <-ctx.Done():
 		return nil, ctx.Err()
 	}
@@ -182,7 +228,7 @@ func (r *Reader) readAhead(from int) {
 		if _, busy := r.ahead.LoadOrStore(i, struct{}{}); busy {
 			continue
 		}
-		if _, ok := r.cache.c.Get(r.prefix + strconv.Itoa(i)); ok {
+		if _, ok := r.windowGet(i); ok {
 			r.ahead.Delete(i)
 			continue
 		}
@@ -190,7 +236,7 @@ func (r *Reader) readAhead(from int) {
 		go func() {
 			defer r.wg.Done()
 			defer r.ahead.Delete(i)
-			if _, err := r.chunk(r.ctx, i); err != nil && r.ctx.Err() == nil && r.opts.Log != nil {
+			if _, err := r.chunkFor(r.ctx, i, false); err != nil && r.ctx.Err() == nil && r.opts.Log != nil {
 				r.opts.Log.Debug("read-ahead failed", "key", r.m.Key, "chunk", i, "err", err)
 			}
 		}()

@@ -348,3 +348,7 @@ func (s *S3) ListMultipart(ctx context.Context, prefix string) ([]Upload, error)
 	slices.SortFunc(out, func(a, b Upload) int { return strings.Compare(a.Key+a.UploadID, b.Key+b.UploadID) })
 	return out, nil
 }
+
+// Client is the underlying SDK client (for benchmarks that measure the
+// raw limits), with the bucket and key prefix.
+func (s *S3) Client() (c *s3.Client, bucket, prefix string) { return s.c, s.bucket, s.prefix }

@@ -44,6 +44,7 @@ func Main(args []string) error {
 			cmdMount(),
 			cmdUmount(),
 			cmdIndex(),
+			cmdStore(),
 		},
 		HideHelpCommand: true,
 	}
