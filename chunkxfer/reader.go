@@ -78,9 +78,9 @@ type Reader struct {
 	// every chunk once per read).
 	winMu  sync.Mutex
 	window map[int][]byte // GUARDED_BY(winMu)
-	ctx     context.Context
-	cancel  context.CancelFunc
-	wg      sync.WaitGroup
+	ctx    context.Context
+	cancel context.CancelFunc
+	wg     sync.WaitGroup
 
 	fetches atomic.Int64 // chunk GETs made (for tests and metrics)
 }
