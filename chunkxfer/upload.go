@@ -39,8 +39,11 @@ type Uploader struct {
 	Log    *slog.Logger
 	Now    func() time.Time // nil: time.Now
 
-	// afterPart, when set (tests), runs after each confirmed part.
+	// afterPart, when set (tests), runs after each confirmed part;
+	// onStart when the parts to upload are known (fresh: no journal
+	// could be resumed).
 	afterPart func(part int32)
+	onStart   func(resumed int, fresh bool)
 }
 
 // uploadHeader is the first line of an upload journal.
@@ -116,6 +119,9 @@ func (u *Uploader) Upload(ctx context.Context, path, key string) (*Manifest, err
 	if src.Size == 0 {
 		return u.putEmpty(ctx, key, src)
 	}
+	if m, err := u.finishCompleted(ctx, path, key, src); m != nil || err != nil {
+		return m, err
+	}
 	t, err := u.start(ctx, path, key, src)
 	if err != nil {
 		return nil, err
@@ -178,6 +184,9 @@ func (u *Uploader) start(ctx context.Context, path, key string, src Source) (*up
 			t.h = old
 			u.log().Info("resuming upload", "key", key, "parts_done", len(t.parts))
 			u.abortOthers(ctx, key, old.UploadID)
+			if u.onStart != nil {
+				u.onStart(len(t.parts), false)
+			}
 			return t, nil
 		}
 		if !errors.Is(err, store.ErrNotFound) {
@@ -197,6 +206,9 @@ func (u *Uploader) start(ctx context.Context, path, key string, src Source) (*up
 	if t.j, err = createJournal(jp, t.h, true); err != nil {
 		u.abortUpload(ctx, key, id)
 		return nil, err
+	}
+	if u.onStart != nil {
+		u.onStart(0, true)
 	}
 	return t, nil
 }
@@ -384,4 +396,60 @@ func (u *Uploader) putEmpty(ctx context.Context, key string, src Source) (*Manif
 	m := &Manifest{Version: manifestVersion, Key: key, ETag: info.ETag, ChunkSize: u.chunkSize(),
 		Whole: compositeChecksum(nil), Source: src, Stored: time.Now().UTC()}
 	return m, putManifest(ctx, u.Store, m)
+}
+
+// finishCompleted handles a crash after the upload was completed but
+// before its manifest was stored: the journal holds every part, the
+// store no longer knows the upload, and an object of the right size is
+// there. The object is read back against the journaled checksums; if it
+// matches, its manifest is written and the upload is done without
+// sending the file again. Anything else returns nil, nil (start over).
+func (u *Uploader) finishCompleted(ctx context.Context, path, key string, src Source) (*Manifest, error) {
+	jp := journalPath(u.JournalDir, "upload", key)
+	var h uploadHeader
+	recs := map[int32]partRecord{}
+	ok, err := readJournal(jp, &h, func(raw json.RawMessage) error {
+		var r partRecord
+		if err := json.Unmarshal(raw, &r); err != nil {
+			return err
+		}
+		recs[r.Part] = r
+		return nil
+	})
+	cs := u.chunkSize()
+	n := int32((src.Size + cs - 1) / cs)
+	if err != nil || !ok || h.Key != key || h.Path != path || h.Source != src || h.ChunkSize != cs || int32(len(recs)) != n {
+		return nil, nil
+	}
+	if _, err := u.Store.ListParts(ctx, key, h.UploadID); !errors.Is(err, store.ErrNotFound) {
+		return nil, nil
+	}
+	info, err := u.Store.Head(ctx, key)
+	if err != nil || info.Size != src.Size {
+		return nil, nil
+	}
+	crcs := make([]uint32, 0, n)
+	for i := int32(1); i <= n; i++ {
+		r, ok := recs[i]
+		if !ok {
+			return nil, nil
+		}
+		crcs = append(crcs, r.CRC32C)
+	}
+	m := &Manifest{Version: manifestVersion, Key: key, ETag: info.ETag, Size: src.Size, ChunkSize: cs, CRC32C: crcs,
+		Whole: compositeChecksum(crcs), Source: src, Stored: time.Now().UTC()}
+	if err := Verify(ctx, u.Store, m); err != nil {
+		u.log().Warn("completed upload does not verify; uploading again", "key", key, "err", err)
+		return nil, nil
+	}
+	if err := putManifest(ctx, u.Store, m); err != nil {
+		return nil, err
+	}
+	os.Remove(jp)
+	syncDir(u.JournalDir)
+	u.log().Info("finished an upload completed before a crash", "key", key)
+	if u.onStart != nil {
+		u.onStart(int(n), false)
+	}
+	return m, nil
 }

@@ -498,3 +498,33 @@ func TestS3ThroughFaultyProxy(t *testing.T) {
 	}
 	noUploads(t, direct)
 }
+
+// TestUploadFinishesACompletedUpload: a crash after completing the
+// multipart upload but before the manifest is stored (here: the manifest
+// PUT fails) is finished by the next run without sending the file again.
+func TestUploadFinishesACompletedUpload(t *testing.T) {
+	ctx := context.Background()
+	dir := t.TempDir()
+	path := filepath.Join(dir, "f")
+	want := randomFile(t, path, 5<<16+3, 21)
+	m := store.NewMem(nil)
+	m.Inject(store.Fault{Op: store.OpPut, KeyPrefix: ManifestKey("k"), Times: 1, Err: errors.New("crash")})
+	up := &Uploader{Store: m, JournalDir: filepath.Join(dir, "j"), ChunkSize: 1 << 16}
+	if _, err := up.Upload(ctx, path, "k"); err == nil {
+		t.Fatal("manifest fault did not fail the upload")
+	}
+	parts := m.Calls(store.OpPart)
+	man, err := up.Upload(ctx, path, "k")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if m.Calls(store.OpPart) != parts || m.Calls(store.OpCreate) != 1 {
+		t.Fatalf("the file was sent again: %d parts before, %d after, %d uploads", parts, m.Calls(store.OpPart), m.Calls(store.OpCreate))
+	}
+	if got, _ := store.ReadAll(m.Get(ctx, "k", 0, -1, store.GetOptions{})); !bytes.Equal(got, want) || man.Size != int64(len(want)) {
+		t.Fatal("object differs")
+	}
+	if ents, _ := os.ReadDir(filepath.Join(dir, "j")); len(ents) != 0 {
+		t.Fatalf("journal left: %v", ents)
+	}
+}
