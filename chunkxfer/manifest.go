@@ -116,6 +116,18 @@ func LoadManifest(ctx context.Context, s store.Store, key string) (*Manifest, er
 	return &m, nil
 }
 
+// ParseManifest decodes and checks a manifest (a local copy of one).
+func ParseManifest(b []byte) (*Manifest, error) {
+	var m Manifest
+	if err := json.Unmarshal(b, &m); err != nil {
+		return nil, err
+	}
+	if err := m.check(); err != nil {
+		return nil, err
+	}
+	return &m, nil
+}
+
 func putManifest(ctx context.Context, s store.Store, m *Manifest) error {
 	b, err := json.Marshal(m)
 	if err != nil {

@@ -54,7 +54,10 @@ type ReaderOptions struct {
 	// ReadAhead is how many chunks past a sequential read are fetched in
 	// the background (0: none).
 	ReadAhead int
-	Log       *slog.Logger
+	// Attempts bounds the tries of one chunk (each on top of the store's
+	// own request retries); a reader waits for them. Default 2.
+	Attempts int
+	Log      *slog.Logger
 }
 
 // Reader reads a remote object at any offset, a chunk at a time. Every
@@ -91,12 +94,20 @@ func NewReader(ctx context.Context, s store.Store, key string, cache *Cache, opt
 	if err != nil {
 		return nil, err
 	}
-	bg, cancel := context.WithCancel(context.WithoutCancel(ctx))
+	return NewReaderFor(s, m, cache, opts), nil
+}
+
+// NewReaderFor reads the object a manifest describes (a copy kept
+// locally, so opening needs no request). Every GET carries the
+// manifest's ETag: if the object was replaced, reads fail with
+// store.ErrPrecondition rather than return other bytes.
+func NewReaderFor(s store.Store, m *Manifest, cache *Cache, opts ReaderOptions) *Reader {
+	bg, cancel := context.WithCancel(context.Background())
 	r := &Reader{s: s, m: m, cache: cache, opts: opts, ctx: bg, cancel: cancel,
-		prefix: key + "\x00" + m.ETag + "\x00"}
+		prefix: m.Key + "\x00" + m.ETag + "\x00"}
 	r.lastEnd.Store(-1)
 	r.window = map[int][]byte{}
-	return r, nil
+	return r
 }
 
 // Size is the object's size.
@@ -201,7 +212,12 @@ func (r *Reader) chunkFor(ctx context.Context, i int, reading bool) ([]byte, err
 		buf := make([]byte, n)
 		r.fetches.Add(1)
 		// The fetch outlives one caller giving up: others may wait on it.
-		if err := fetchChunk(r.ctx, r.s, r.m, i, buf); err != nil {
+		policy := defaultRetry
+		policy.attempts = r.opts.Attempts
+		if policy.attempts <= 0 {
+			policy.attempts = 2
+		}
+		if err := fetchChunkWith(r.ctx, policy, r.s, r.m, i, buf); err != nil {
 			return nil, err
 		}
 		// The window serves this reader; the cache serves re-reads

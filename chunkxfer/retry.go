@@ -46,11 +46,15 @@ func (p retryPolicy) do(ctx context.Context, fn func() error) error {
 // fetchChunk reads chunk i of the object into buf (exactly its length)
 // and checks its CRC32C, retrying short bodies and mismatches.
 func fetchChunk(ctx context.Context, s store.Store, m *Manifest, i int, buf []byte) error {
+	return fetchChunkWith(ctx, defaultRetry, s, m, i, buf)
+}
+
+func fetchChunkWith(ctx context.Context, policy retryPolicy, s store.Store, m *Manifest, i int, buf []byte) error {
 	off, n := m.ChunkRange(i)
 	if int64(len(buf)) != n {
 		return fmt.Errorf("chunk %d: buffer of %d bytes for %d", i, len(buf), n)
 	}
-	return defaultRetry.do(ctx, func() error {
+	return policy.do(ctx, func() error {
 		rc, err := s.Get(ctx, m.Key, off, n, store.GetOptions{IfMatch: m.ETag})
 		if err != nil {
 			return err

@@ -137,7 +137,8 @@ func (n *node) Create(ctx context.Context, name string, flags uint32, mode uint3
 		unix.Close(fd)
 		return nil, nil, 0, toErrno(err)
 	}
-	return ch, newLocalFile(ch.Operations().(*node), fd), 0, 0
+	fh, fl := ch.Operations().(*node).wrapTiered(newLocalFile(ch.Operations().(*node), fd))
+	return ch, fh, fl, 0
 }
 
 func (n *node) Unlink(ctx context.Context, name string) syscall.Errno {

@@ -15,6 +15,13 @@ func toErrno(err error) syscall.Errno {
 	if err == nil {
 		return 0
 	}
+	var re *remoteError
+	if errors.As(err, &re) {
+		return syscall.EIO
+	}
+	if errors.Is(err, ErrRemote) {
+		return syscall.EROFS
+	}
 	var errno syscall.Errno
 	if errors.As(err, &errno) {
 		if errno == syscall.ENOSYS {

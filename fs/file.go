@@ -18,9 +18,11 @@ var (
 // openFlags turns the flags of a FUSE OPEN or CREATE into flags for the
 // backing open. O_APPEND is dropped: the kernel computes the offset of an
 // appending write itself and sends it, and pwrite on an O_APPEND descriptor
-// would ignore it. FMODE_EXEC is a kernel-internal bit.
+// would ignore it. FMODE_EXEC is a kernel-internal bit. O_NOFOLLOW was
+// applied by the kernel's own lookup, and the node is reopened through a
+// /proc magic link, which O_NOFOLLOW would refuse with ELOOP.
 func openFlags(flags uint32) int {
-	return int(flags&^(syscall.O_APPEND|fuse.FMODE_EXEC)) | unix.O_CLOEXEC
+	return int(flags&^(syscall.O_APPEND|fuse.FMODE_EXEC|syscall.O_NOFOLLOW)) | unix.O_CLOEXEC
 }
 
 // openSelf opens this node's inode by re-opening its O_PATH descriptor
@@ -38,7 +40,8 @@ func (n *node) Open(ctx context.Context, flags uint32) (gofs.FileHandle, uint32,
 	if err != nil {
 		return nil, 0, toErrno(err)
 	}
-	return newLocalFile(n, fd), 0, 0
+	fh, fl := n.wrapTiered(newLocalFile(n, fd))
+	return fh, fl, 0
 }
 
 func (n *node) CopyFileRange(ctx context.Context, fhIn gofs.FileHandle, offIn uint64, out *gofs.Inode, fhOut gofs.FileHandle, offOut uint64, length uint64, flags uint64) (uint32, syscall.Errno) {

@@ -45,6 +45,10 @@ type Config struct {
 	// Debug logs every FUSE request.
 	Debug bool
 
+	// Tiering, when set, serves tiered files (segments that may be
+	// shipped and evicted); nil serves a plain directory.
+	Tiering Tiering
+
 	Log *slog.Logger
 }
 
@@ -102,7 +106,7 @@ func Mount(cfg Config) (*Mounted, error) {
 	if err := checkCanMount(cfg.Mountpoint); err != nil {
 		return nil, err
 	}
-	root, err := newRoot(rootConfig{backingDir: cfg.Backing, maxNodeFds: cfg.MaxNodeFds, log: cfg.Log})
+	root, err := newRoot(rootConfig{backingDir: cfg.Backing, maxNodeFds: cfg.MaxNodeFds, log: cfg.Log, tiering: cfg.Tiering})
 	if err != nil {
 		return nil, err
 	}

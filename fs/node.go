@@ -217,6 +217,11 @@ func (n *node) Setattr(ctx context.Context, f gofs.FileHandle, in *fuse.SetAttrI
 		return toErrno(err)
 	}
 	defer unpin()
+	if _, ok := in.GetSize(); ok {
+		if err := n.checkNotRemote(fd); err != nil {
+			return toErrno(err)
+		}
+	}
 	if err := setattrFd(fd, in); err != nil {
 		return toErrno(err)
 	}
@@ -316,12 +321,18 @@ func (n *node) Getxattr(ctx context.Context, attr string, dest []byte) (uint32, 
 		return 0, toErrno(err)
 	}
 	defer unpin()
+	if sz, errno, ok := n.tieringXattr(fd, attr, dest); ok {
+		return sz, errno
+	}
+	if hiddenXattr(attr) {
+		return 0, syscall.ENODATA
+	}
 	sz, err := unix.Getxattr(procFd(fd), attr, dest)
 	return uint32(sz), toErrno(err)
 }
 
 func (n *node) Setxattr(ctx context.Context, attr string, data []byte, flags uint32) syscall.Errno {
-	if n.isSymlink() {
+	if n.isSymlink() || hiddenXattr(attr) || (n.root.tiering != nil && (attr == xattrState || attr == xattrRDI)) {
 		return syscall.EPERM
 	}
 	fd, unpin, err := n.pin()
@@ -335,6 +346,9 @@ func (n *node) Setxattr(ctx context.Context, attr string, data []byte, flags uin
 func (n *node) Removexattr(ctx context.Context, attr string) syscall.Errno {
 	if n.isSymlink() {
 		return syscall.ENODATA
+	}
+	if hiddenXattr(attr) {
+		return syscall.EPERM
 	}
 	fd, unpin, err := n.pin()
 	if err != nil {
@@ -353,6 +367,18 @@ func (n *node) Listxattr(ctx context.Context, dest []byte) (uint32, syscall.Errn
 		return 0, toErrno(err)
 	}
 	defer unpin()
-	sz, err := unix.Listxattr(procFd(fd), dest)
-	return uint32(sz), toErrno(err)
+	// Listed in full and filtered, so a size query matches the list.
+	buf := make([]byte, 64<<10)
+	sz, err := unix.Listxattr(procFd(fd), buf)
+	if err != nil {
+		return 0, toErrno(err)
+	}
+	list := filterXattrList(buf[:sz])
+	if len(dest) == 0 {
+		return uint32(len(list)), 0
+	}
+	if len(dest) < len(list) {
+		return 0, syscall.ERANGE
+	}
+	return uint32(copy(dest, list)), 0
 }

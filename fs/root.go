@@ -52,6 +52,10 @@ type Root struct {
 
 	passthroughLost atomic.Bool
 	rootNode        *node
+
+	// tiering, when set, serves the files it says are tiered (see
+	// Tiering); nil means a plain loopback.
+	tiering Tiering
 }
 
 // rootConfig is what newRoot needs.
@@ -59,6 +63,7 @@ type rootConfig struct {
 	backingDir string
 	maxNodeFds int
 	log        *slog.Logger
+	tiering    Tiering
 }
 
 func newRoot(cfg rootConfig) (*Root, error) {
@@ -77,6 +82,7 @@ func newRoot(cfg rootConfig) (*Root, error) {
 		dev:         uint64(st.Dev),
 		log:         cfg.log,
 		asRoot:      os.Geteuid() == 0,
+		tiering:     cfg.tiering,
 	}
 	if r.log == nil {
 		r.log = slog.New(slog.DiscardHandler)

@@ -86,7 +86,8 @@ func NewS3(ctx context.Context, o S3Options) (*S3, error) {
 		config.WithRetryer(func() aws.Retryer {
 			return retry.NewStandard(func(s *retry.StandardOptions) {
 				s.MaxAttempts = o.MaxAttempts
-				s.MaxBackoff = 10 * time.Second
+				// Short: a FUSE read waits for these retries.
+				s.MaxBackoff = 2 * time.Second
 				// No client-side retry quota: a burst of failures
 				// must not turn later retries off.
 				s.RateLimiter = ratelimit.None

@@ -1,14 +1,20 @@
 package main
 
 import (
+	"context"
 	"errors"
+	"net/url"
+	"path/filepath"
 	"fmt"
 	"os"
 	"os/signal"
 	"syscall"
 	"time"
 
+	"github.com/tierfs/tierfs/chunkxfer"
+	"github.com/tierfs/tierfs/chunkxfer/store"
 	"github.com/tierfs/tierfs/fs"
+	"github.com/tierfs/tierfs/tiering"
 	"github.com/urfave/cli/v2"
 )
 
@@ -23,6 +29,15 @@ func cmdMount() *cli.Command {
 			&cli.DurationFlag{Name: "entry-timeout", Value: time.Second, Usage: "how long the kernel caches names", EnvVars: []string{"TIERFS_ENTRY_TIMEOUT"}},
 			&cli.DurationFlag{Name: "attr-timeout", Value: time.Second, Usage: "how long the kernel caches attributes", EnvVars: []string{"TIERFS_ATTR_TIMEOUT"}},
 			&cli.BoolFlag{Name: "debug-fuse", Usage: "log every FUSE request"},
+			&cli.StringFlag{Name: "remote", Usage: "ship cold segments to this store (file:///path or s3://bucket/prefix?endpoint=...); without it tierfs is a plain directory", EnvVars: []string{"TIERFS_REMOTE"}},
+			&cli.StringFlag{Name: "s3-access-key", Usage: "S3 access key for --remote (default: the AWS chain)", EnvVars: []string{"TIERFS_S3_ACCESS_KEY"}},
+			&cli.StringFlag{Name: "s3-secret-key", Usage: "S3 secret key for --remote; prefer the environment", EnvVars: []string{"TIERFS_S3_SECRET_KEY"}},
+			&cli.DurationFlag{Name: "ship-after", Value: 10 * time.Minute, Usage: "ship a rolled, flushed, committed segment once it is this old", EnvVars: []string{"TIERFS_SHIP_AFTER"}},
+			&cli.DurationFlag{Name: "local-retention-age", Usage: "free the local bytes of shipped segments older than this (0: no age limit)", EnvVars: []string{"TIERFS_LOCAL_RETENTION_AGE"}},
+			&cli.Int64Flag{Name: "local-retention-bytes", Usage: "keep at most this many bytes of segments local per partition, freeing the oldest shipped first (0: no limit)", EnvVars: []string{"TIERFS_LOCAL_RETENTION_BYTES"}},
+			&cli.IntFlag{Name: "ship-concurrency", Value: 2, Usage: "segments shipped at once", EnvVars: []string{"TIERFS_SHIP_CONCURRENCY"}},
+			&cli.DurationFlag{Name: "tier-interval", Value: 30 * time.Second, Usage: "how often the tierer looks for work", EnvVars: []string{"TIERFS_TIER_INTERVAL"}},
+			&cli.Int64Flag{Name: "cache-bytes", Value: 256 << 20, Usage: "memory for chunks of remote files", EnvVars: []string{"TIERFS_CACHE_BYTES"}},
 		},
 		Action: runMount,
 	}
@@ -39,6 +54,32 @@ func runMount(c *cli.Context) error {
 	if os.Geteuid() != 0 {
 		return errors.New("tierfs mount must run as root (it mounts with allow_other and uses kernel passthrough and file handles)")
 	}
+	var tierer *tiering.Tierer
+	var tier fs.Tiering
+	if url := c.String("remote"); url != "" {
+		st, err := openRemote(c, url)
+		if err != nil {
+			return err
+		}
+		cache, err := chunkxfer.NewCache(c.Int64("cache-bytes"))
+		if err != nil {
+			return err
+		}
+		tierer, err = tiering.New(tiering.Config{
+			Store:               st,
+			Policy:              tiering.Policy{ShipAfter: c.Duration("ship-after")},
+			LocalRetentionAge:   c.Duration("local-retention-age"),
+			LocalRetentionBytes: c.Int64("local-retention-bytes"),
+			Concurrency:         c.Int("ship-concurrency"),
+			Cache:               cache,
+			Log:                 log,
+		})
+		if err != nil {
+			return err
+		}
+		defer tierer.Close()
+		tier = tierer
+	}
 	m, err := fs.Mount(fs.Config{
 		Backing:      c.String("backing"),
 		Mountpoint:   c.Args().First(),
@@ -46,10 +87,21 @@ func runMount(c *cli.Context) error {
 		EntryTimeout: c.Duration("entry-timeout"),
 		AttrTimeout:  c.Duration("attr-timeout"),
 		Debug:        c.Bool("debug-fuse"),
+		Tiering:      tier,
 		Log:          log,
 	})
 	if err != nil {
 		return err
+	}
+	if tierer != nil {
+		// The tierer works on the backing directory through the mount's
+		// own descriptor of it, never through the mount.
+		tierer.SetRoot(filepath.Dir(m.StateDir), m.StateDir)
+		ctx, cancel := context.WithCancel(context.Background())
+		defer cancel()
+		go tierer.Run(ctx, c.Duration("tier-interval"))
+		log.Info("tiering", "remote", redactURL(c.String("remote")), "ship_after", c.Duration("ship-after"),
+			"local_retention_bytes", c.Int64("local-retention-bytes"), "local_retention_age", c.Duration("local-retention-age"))
 	}
 	log.Info("mounted", "mountpoint", m.Config.Mountpoint, "backing", m.Config.Backing,
 		"in_place", m.Config.Mountpoint == m.Config.Backing, "local_files", m.Passthrough.String())
@@ -76,4 +128,22 @@ func runMount(c *cli.Context) error {
 			return nil
 		}
 	}
+}
+
+func openRemote(c *cli.Context, rawURL string) (store.Store, error) {
+	ak, sk := c.String("s3-access-key"), c.String("s3-secret-key")
+	if (ak == "") != (sk == "") {
+		return nil, &exitError{code: 2, err: errors.New("give both --s3-access-key and --s3-secret-key, or neither")}
+	}
+	return store.Open(c.Context, rawURL, store.S3Options{AccessKey: ak, SecretKey: sk})
+}
+
+// redactURL prints a store URL for logs (it carries no secret, but a
+// user may have put one in it against advice).
+func redactURL(raw string) string {
+	u, err := url.Parse(raw)
+	if err != nil {
+		return "(unparsable)"
+	}
+	return u.Redacted()
 }

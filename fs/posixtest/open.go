@@ -76,6 +76,16 @@ func openCases() []Case {
 			tr.Err("open dir O_WRONLY", err)
 			_, err = unix.Open(p, unix.O_RDONLY|unix.O_DIRECTORY, 0)
 			tr.Err("open file O_DIRECTORY", err)
+			// tar and rsync open with O_NOFOLLOW; a regular file opens.
+			fd, err = unix.Open(p, unix.O_RDONLY|unix.O_NOFOLLOW|unix.O_NOATIME, 0)
+			tr.Err("open O_NOFOLLOW|O_NOATIME", err)
+			if err == nil {
+				unix.Close(fd)
+			}
+			if err := unix.Symlink("f", filepath.Join(dir, "lnk")); err == nil {
+				_, err = unix.Open(filepath.Join(dir, "lnk"), unix.O_RDONLY|unix.O_NOFOLLOW, 0)
+				tr.Err("open symlink O_NOFOLLOW", err)
+			}
 			_, err = unix.Open(filepath.Join(dir, "missing"), unix.O_RDONLY, 0)
 			tr.Err("open missing", err)
 			tr.Err("access f R_OK|W_OK", unix.Access(p, unix.R_OK|unix.W_OK))

@@ -32,7 +32,10 @@ type Server struct {
 	AccessKey string
 	SecretKey string
 	cmd       *exec.Cmd
+	exited    chan struct{}
 	dir       string
+	bin       string
+	addr      string
 }
 
 // Binary finds versitygw: $VERSITYGW, PATH, then $GOPATH/bin.
@@ -76,38 +79,48 @@ func Start(dir string) (*Server, error) {
 	l.Close()
 	var b [12]byte
 	rand.Read(b[:])
-	s := &Server{Endpoint: "http://" + addr, AccessKey: "tierfs-test", SecretKey: hex.EncodeToString(b[:]), dir: dir}
-	s.cmd = exec.Command(bin, "--port", addr, "--access", s.AccessKey, "--secret", s.SecretKey, "posix", dir)
-	logf, err := os.Create(filepath.Join(filepath.Dir(dir), filepath.Base(dir)+".versitygw.log"))
+	s := &Server{Endpoint: "http://" + addr, AccessKey: "tierfs-test", SecretKey: hex.EncodeToString(b[:]), dir: dir, bin: bin, addr: addr}
+	return s, s.run()
+}
+
+// run starts the server process and waits until it answers.
+func (s *Server) run() error {
+	s.cmd = exec.Command(s.bin, "--port", s.addr, "--access", s.AccessKey, "--secret", s.SecretKey, "posix", s.dir)
+	logf, err := os.OpenFile(filepath.Join(filepath.Dir(s.dir), filepath.Base(s.dir)+".versitygw.log"), os.O_CREATE|os.O_WRONLY|os.O_APPEND, 0o644)
 	if err != nil {
-		return nil, err
+		return err
 	}
 	s.cmd.Stdout, s.cmd.Stderr = logf, logf
 	if err := s.cmd.Start(); err != nil {
-		return nil, err
+		return err
 	}
-	go func() { s.cmd.Wait(); logf.Close() }()
+	s.exited = make(chan struct{})
+	go func() { s.cmd.Wait(); logf.Close(); close(s.exited) }()
 	deadline := time.Now().Add(30 * time.Second)
 	for {
 		resp, err := http.Get(s.Endpoint + "/")
 		if err == nil {
 			resp.Body.Close()
-			return s, nil
+			return nil
 		}
 		if time.Now().After(deadline) {
 			s.Stop()
-			return nil, fmt.Errorf("versitygw on %s did not answer in 30s: %v", addr, err)
+			return fmt.Errorf("versitygw on %s did not answer in 30s: %v", s.addr, err)
 		}
 		time.Sleep(50 * time.Millisecond)
 	}
 }
 
-// Stop kills the server.
+// Stop kills the server and waits for it to exit.
 func (s *Server) Stop() {
-	if s.cmd.Process != nil {
+	if s.cmd != nil && s.cmd.Process != nil {
 		s.cmd.Process.Kill()
+		<-s.exited
 	}
 }
+
+// Restart starts a stopped server again on the same address and data.
+func (s *Server) Restart() error { return s.run() }
 
 // Options are S3 store options for bucket on this server.
 func (s *Server) Options(bucket, prefix string) store.S3Options {

@@ -1,0 +1,245 @@
+package fs
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"strings"
+	"sync"
+	"syscall"
+
+	gofs "github.com/hanwen/go-fuse/v2/fs"
+	"github.com/hanwen/go-fuse/v2/fuse"
+	"golang.org/x/sys/unix"
+)
+
+// Tiering is what fs needs from the tierer to serve files whose bytes may
+// be in the store. fs never sees the store or the state format.
+type Tiering interface {
+	// Tiered says whether the file at rel (a path from the root) can be
+	// shipped and evicted: such files are served by FUSE reads through
+	// the gate instead of kernel passthrough, so their bytes can move
+	// while they are open.
+	Tiered(rel string) bool
+	// RLock holds inode ino against eviction until unlock is called.
+	RLock(ino uint64) (unlock func())
+	// State is the tiering state of the file open at path (a
+	// /proc/self/fd link): local, shipped or remote, and its RDI.
+	State(path string) (state, rdi string, err error)
+	// OpenRemote reads the remote bytes of the remote file open at path.
+	OpenRemote(path string) (RemoteReader, error)
+}
+
+// RemoteReader reads a file's bytes from the store, each checked. An
+// alias, so the tierer can satisfy Tiering without importing fs.
+type RemoteReader = interface {
+	ReadAt(p []byte, off int64) (int, error)
+	Close() error
+}
+
+// ErrRemote refuses a change to a file whose bytes are in the store.
+var ErrRemote = errors.New("file is in the store (evicted); hydrate it before changing it")
+
+// remoteError is a failure to read remote bytes: always EIO to the
+// reader, whatever errno the network gave.
+type remoteError struct{ err error }
+
+func (e *remoteError) Error() string { return e.err.Error() }
+func (e *remoteError) Unwrap() error { return e.err }
+
+const (
+	xattrState   = "user.tierfs.state"
+	xattrRDI     = "user.tierfs.rdi"
+	hiddenXattrs = "trusted.tierfs"
+)
+
+// tieredFile is an open file that may be evicted: every read and write
+// holds the gate, reads of remote bytes go to the store.
+type tieredFile struct {
+	*localFile
+	t   Tiering
+	ino uint64
+
+	mu     sync.Mutex
+	remote RemoteReader // opened on the first remote read; GUARDED_BY(mu)
+}
+
+var (
+	_ = (gofs.FileReader)((*tieredFile)(nil))
+	_ = (gofs.FileWriter)((*tieredFile)(nil))
+	_ = (gofs.FileSetattrer)((*tieredFile)(nil))
+	_ = (gofs.FileAllocater)((*tieredFile)(nil))
+	_ = (gofs.FileReleaser)((*tieredFile)(nil))
+	_ = (gofs.FilePassthroughFder)((*tieredFile)(nil))
+)
+
+// PassthroughFd: never; the kernel would read punched holes.
+func (tf *tieredFile) PassthroughFd() (int, bool) { return 0, false }
+
+func (tf *tieredFile) state() (string, error) {
+	st, _, err := tf.t.State(procFd(int(tf.f.Fd())))
+	return st, err
+}
+
+func (tf *tieredFile) Read(ctx context.Context, dest []byte, off int64) (fuse.ReadResult, syscall.Errno) {
+	unlock := tf.t.RLock(tf.ino)
+	defer unlock()
+	st, err := tf.state()
+	if err != nil {
+		return nil, toErrno(err)
+	}
+	if st != "remote" {
+		// Copied under the gate: a spliced reply would read the file
+		// after the gate is released.
+		n, err := unix.Pread(int(tf.f.Fd()), dest, off)
+		if err != nil {
+			return nil, toErrno(err)
+		}
+		return fuse.ReadResultData(dest[:n]), 0
+	}
+	r, err := tf.remoteReader()
+	if err != nil {
+		tf.node.root.log.Error("cannot open remote file", "ino", tf.ino, "err", err)
+		return nil, toErrno(&remoteError{err})
+	}
+	n, err := r.ReadAt(dest, off)
+	if err != nil && n < len(dest) && !errors.Is(err, io.EOF) {
+		tf.node.root.log.Error("remote read failed", "ino", tf.ino, "offset", off, "len", len(dest), "err", err)
+		return nil, toErrno(&remoteError{err})
+	}
+	return fuse.ReadResultData(dest[:n]), 0
+}
+
+func (tf *tieredFile) remoteReader() (RemoteReader, error) {
+	tf.mu.Lock()
+	defer tf.mu.Unlock()
+	if tf.remote == nil {
+		r, err := tf.t.OpenRemote(procFd(int(tf.f.Fd())))
+		if err != nil {
+			return nil, err
+		}
+		tf.remote = r
+	}
+	return tf.remote, nil
+}
+
+// refuseRemote runs fn under the gate unless the file is remote.
+func (tf *tieredFile) refuseRemote(fn func() syscall.Errno) syscall.Errno {
+	unlock := tf.t.RLock(tf.ino)
+	defer unlock()
+	st, err := tf.state()
+	if err != nil {
+		return toErrno(err)
+	}
+	if st == "remote" {
+		tf.node.root.log.Warn("refused a change to an evicted file", "ino", tf.ino)
+		return toErrno(ErrRemote)
+	}
+	return fn()
+}
+
+func (tf *tieredFile) Write(ctx context.Context, data []byte, off int64) (uint32, syscall.Errno) {
+	var n uint32
+	errno := tf.refuseRemote(func() syscall.Errno {
+		var e syscall.Errno
+		n, e = tf.localFile.Write(ctx, data, off)
+		return e
+	})
+	return n, errno
+}
+
+func (tf *tieredFile) Setattr(ctx context.Context, in *fuse.SetAttrIn, out *fuse.AttrOut) syscall.Errno {
+	if _, ok := in.GetSize(); !ok {
+		return tf.localFile.Setattr(ctx, in, out)
+	}
+	return tf.refuseRemote(func() syscall.Errno { return tf.localFile.Setattr(ctx, in, out) })
+}
+
+func (tf *tieredFile) Allocate(ctx context.Context, off uint64, size uint64, mode uint32) syscall.Errno {
+	return tf.refuseRemote(func() syscall.Errno { return tf.localFile.Allocate(ctx, off, size, mode) })
+}
+
+func (tf *tieredFile) Release(ctx context.Context) syscall.Errno {
+	tf.mu.Lock()
+	if tf.remote != nil {
+		tf.remote.Close()
+		tf.remote = nil
+	}
+	tf.mu.Unlock()
+	return tf.localFile.Release(ctx)
+}
+
+// wrapTiered gives a file of a tiered path its gated handle, and the
+// open flags to reply with. A tiered file keeps its page cache across
+// opens (FOPEN_KEEP_CACHE): every change to it comes through the mount,
+// which keeps the cache right, and eviction does not change its bytes;
+// repeated reads are then served by the kernel, as passthrough would.
+func (n *node) wrapTiered(lf *localFile) (gofs.FileHandle, uint32) {
+	t := n.root.tiering
+	if t == nil || n.IsRoot() {
+		return lf, 0
+	}
+	tf := &tieredFile{localFile: lf, t: t, ino: n.StableAttr().Ino}
+	// A file with a tiering state is tiered whatever its name now (Kafka
+	// renames segments to .deleted before removing them).
+	if st, err := tf.state(); (err == nil && st != "local") || t.Tiered(n.Path(n.Root())) {
+		return tf, fuse.FOPEN_KEEP_CACHE
+	}
+	return lf, 0
+}
+
+// tieringXattr answers user.tierfs.state and user.tierfs.rdi; handled
+// reports whether attr was one of them.
+func (n *node) tieringXattr(fd int, attr string, dest []byte) (uint32, syscall.Errno, bool) {
+	if n.root.tiering == nil || (attr != xattrState && attr != xattrRDI) {
+		return 0, 0, false
+	}
+	st, rdi, err := n.root.tiering.State(procFd(fd))
+	if err != nil {
+		return 0, toErrno(err), true
+	}
+	val := st
+	if attr == xattrRDI {
+		if rdi == "" {
+			return 0, syscall.ENODATA, true
+		}
+		val = rdi
+	}
+	if len(dest) == 0 {
+		return uint32(len(val)), 0, true
+	}
+	if len(dest) < len(val) {
+		return 0, syscall.ERANGE, true
+	}
+	return uint32(copy(dest, val)), 0, true
+}
+
+// hiddenXattr is tierfs's own state on backing files: not for the mount.
+func hiddenXattr(attr string) bool { return strings.HasPrefix(attr, hiddenXattrs) }
+
+// filterXattrList drops hidden names from a listxattr result.
+func filterXattrList(b []byte) []byte {
+	out := b[:0]
+	for _, name := range strings.SplitAfter(string(b), "\x00") {
+		if name != "" && !hiddenXattr(strings.TrimSuffix(name, "\x00")) {
+			out = append(out, name...)
+		}
+	}
+	return out
+}
+
+// checkNotRemote refuses a truncate of an evicted file by path.
+func (n *node) checkNotRemote(fd int) error {
+	if n.root.tiering == nil {
+		return nil
+	}
+	st, _, err := n.root.tiering.State(procFd(fd))
+	if err != nil {
+		return err
+	}
+	if st == "remote" {
+		return fmt.Errorf("truncate: %w", ErrRemote)
+	}
+	return nil
+}

@@ -1,0 +1,74 @@
+package tiering
+
+import (
+	"encoding/json"
+	"errors"
+	"fmt"
+
+	"golang.org/x/sys/unix"
+)
+
+// The state of a shipped segment lives on its own inode, in the
+// trusted.tierfs extended attribute, so it follows the file through
+// renames, disappears with it, and changes atomically. No xattr means
+// local. fs hides trusted.tierfs.* from the mount.
+const recordXattr = "trusted.tierfs"
+
+// Segment states.
+const (
+	StateLocal   = "local"
+	StateShipped = "shipped" // verified copy in the store, local bytes kept
+	StateRemote  = "remote"  // local bytes freed: reads go to the store
+)
+
+// Record is what the xattr holds.
+type Record struct {
+	Version  int    `json:"v"`
+	State    string `json:"state"`
+	Key      string `json:"key"`      // the .log object
+	ETag     string `json:"etag"`     // of that object
+	Size     int64  `json:"size"`     // of the file when shipped
+	MtimeNs  int64  `json:"mtime_ns"` // restored after the hole punch
+	Ino      uint64 `json:"ino"`
+	Manifest string `json:"manifest"` // local copy of the manifest, relative to the state dir
+	// Freed is set once a remote file's bytes were punched out and its
+	// mtime restored; a remote record without it is an eviction that a
+	// crash interrupted.
+	Freed bool `json:"freed,omitempty"`
+}
+
+// readRecord reads the record of the file at path (or of fd when path is
+// empty); ok is false for a local file.
+func readRecord(path string, fd int) (Record, bool, error) {
+	buf := make([]byte, 4096)
+	var n int
+	var err error
+	if path != "" {
+		n, err = unix.Getxattr(path, recordXattr, buf)
+	} else {
+		n, err = unix.Fgetxattr(fd, recordXattr, buf)
+	}
+	if errors.Is(err, unix.ENODATA) {
+		return Record{}, false, nil
+	}
+	if err != nil {
+		return Record{}, false, fmt.Errorf("read state of %s: %w", path, err)
+	}
+	var r Record
+	if err := json.Unmarshal(buf[:n], &r); err != nil {
+		return Record{}, false, fmt.Errorf("state of %s: %w", path, err)
+	}
+	return r, true, nil
+}
+
+func writeRecord(path string, r Record) error {
+	r.Version = 1
+	b, err := json.Marshal(r)
+	if err != nil {
+		return err
+	}
+	if err := unix.Setxattr(path, recordXattr, b, 0); err != nil {
+		return fmt.Errorf("write state of %s: %w", path, err)
+	}
+	return nil
+}

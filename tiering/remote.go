@@ -1,0 +1,68 @@
+package tiering
+
+import (
+	"strings"
+
+	"github.com/tierfs/tierfs/chunkxfer"
+	"github.com/tierfs/tierfs/idx/kafka"
+)
+
+// The methods below are what the file system asks of the tierer (they
+// implement fs.Tiering; cmd wires the two together).
+
+// Tiered says whether rel (a path from the log dir root) is a segment
+// that can be shipped: <live partition dir>/<base>.log, with any suffix
+// Kafka adds while deleting or cleaning it.
+func (t *Tierer) Tiered(rel string) bool {
+	dir, name, ok := strings.Cut(rel, "/")
+	if !ok || strings.Contains(name, "/") {
+		return false
+	}
+	pd, ok := kafka.ParsePartitionDir(dir)
+	if !ok || pd.State != kafka.DirLive || pd.Topic == "__cluster_metadata" {
+		return false
+	}
+	sn, ok := kafka.ParseSegmentName(name)
+	return ok && sn.Kind == kafka.KindLog
+}
+
+// RLock holds inode ino against eviction.
+func (t *Tierer) RLock(ino uint64) func() { return t.cfg.Gate.RLock(ino) }
+
+// State is the state and RDI of the file at path.
+func (t *Tierer) State(path string) (state, rdi string, err error) {
+	rec, has, err := readRecord(path, -1)
+	if err != nil {
+		return "", "", err
+	}
+	if !has {
+		return StateLocal, "", nil
+	}
+	return rec.State, rec.Key, nil
+}
+
+// remoteReader adapts a chunkxfer.Reader to the file system.
+type remoteReader struct{ *chunkxfer.Reader }
+
+// OpenRemote opens the store copy of the file at path through the
+// manifest kept in the state dir (no request until the first read).
+func (t *Tierer) OpenRemote(path string) (interface {
+	ReadAt(p []byte, off int64) (int, error)
+	Close() error
+}, error) {
+	rec, _, err := readRecord(path, -1)
+	if err != nil {
+		return nil, err
+	}
+	m, err := t.loadManifest(rec)
+	if err != nil {
+		return nil, err
+	}
+	return remoteReader{chunkxfer.NewReaderFor(t.cfg.Store, m, t.cfg.Cache, chunkxfer.ReaderOptions{ReadAhead: 4, Log: t.cfg.Log})}, nil
+}
+
+var _ interface {
+	Tiered(string) bool
+	RLock(uint64) func()
+	State(string) (string, string, error)
+} = (*Tierer)(nil)

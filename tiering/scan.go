@@ -1,0 +1,187 @@
+// Package tiering ships cold Kafka segments of a backing directory to a
+// store and frees their local bytes once the remote copy is verified. It
+// knows Kafka's log directory layout and state files (through idx/kafka)
+// and moves bytes through chunkxfer; it knows nothing of FUSE.
+package tiering
+
+import (
+	"cmp"
+	"fmt"
+	"os"
+	"path/filepath"
+	"slices"
+	"time"
+
+	"github.com/tierfs/tierfs/idx/kafka"
+)
+
+// Segment is one .log file of a partition and what eligibility needs.
+type Segment struct {
+	Partition string // directory name, e.g. orders-0
+	TP        kafka.TopicPartition
+	Base      int64
+	// Next is the base offset of the following segment, or -1 for the
+	// active (last) segment.
+	Next  int64
+	Path  string // absolute path of the .log in the backing directory
+	Size  int64
+	Mtime time.Time
+}
+
+// Partition is a live partition directory and its segments, by offset.
+type Partition struct {
+	Name     string
+	TP       kafka.TopicPartition
+	Dir      string
+	Segments []Segment
+}
+
+// Scan lists the live partitions under root and their .log segments.
+// Directories being deleted, moved or left stray, the KRaft metadata log
+// and tierfs's own state are left alone.
+func Scan(root string) ([]Partition, error) {
+	des, err := os.ReadDir(root)
+	if err != nil {
+		return nil, err
+	}
+	var out []Partition
+	for _, de := range des {
+		if !de.IsDir() {
+			continue
+		}
+		pd, ok := kafka.ParsePartitionDir(de.Name())
+		if !ok || pd.State != kafka.DirLive || pd.Topic == "__cluster_metadata" {
+			continue
+		}
+		p := Partition{Name: de.Name(), TP: kafka.TopicPartition{Topic: pd.Topic, Partition: pd.Partition}, Dir: filepath.Join(root, de.Name())}
+		files, err := os.ReadDir(p.Dir)
+		if err != nil {
+			continue // removed meanwhile
+		}
+		for _, f := range files {
+			sn, ok := kafka.ParseSegmentName(f.Name())
+			if !ok || sn.Kind != kafka.KindLog || sn.Suffix != "" || !f.Type().IsRegular() {
+				continue
+			}
+			fi, err := f.Info()
+			if err != nil {
+				continue
+			}
+			p.Segments = append(p.Segments, Segment{Partition: p.Name, TP: p.TP, Base: sn.BaseOffset, Path: filepath.Join(p.Dir, f.Name()), Size: fi.Size(), Mtime: fi.ModTime()})
+		}
+		slices.SortFunc(p.Segments, func(a, b Segment) int { return cmp.Compare(a.Base, b.Base) })
+		for i := range p.Segments {
+			p.Segments[i].Next = -1
+			if i+1 < len(p.Segments) {
+				p.Segments[i].Next = p.Segments[i+1].Base
+			}
+		}
+		out = append(out, p)
+	}
+	return out, nil
+}
+
+// Checkpoints are the broker's offsets that bound what may be shipped.
+type Checkpoints struct {
+	Recovery      kafka.OffsetCheckpoint // recovery-point-offset-checkpoint: flushed up to
+	HighWatermark kafka.OffsetCheckpoint // replication-offset-checkpoint: committed up to
+}
+
+// ReadCheckpoints reads both checkpoint files at the root of a log dir.
+// A missing file is an empty checkpoint (nothing is flushed or
+// committed yet, so nothing ships).
+func ReadCheckpoints(root string) (Checkpoints, error) {
+	var cp Checkpoints
+	for name, dst := range map[string]*kafka.OffsetCheckpoint{
+		"recovery-point-offset-checkpoint": &cp.Recovery,
+		"replication-offset-checkpoint":    &cp.HighWatermark,
+	} {
+		data, err := os.ReadFile(filepath.Join(root, name))
+		if os.IsNotExist(err) {
+			*dst = kafka.OffsetCheckpoint{}
+			continue
+		}
+		if err != nil {
+			return cp, err
+		}
+		if *dst, err = kafka.ParseOffsetCheckpoint(filepath.Join(root, name), data); err != nil {
+			return cp, err
+		}
+	}
+	return cp, nil
+}
+
+// Policy decides which segments may ship.
+type Policy struct {
+	ShipAfter time.Duration // a segment must be this old (by mtime)
+}
+
+// Eligible says whether seg may be shipped now, and if not, why.
+func (p Policy) Eligible(seg Segment, cp Checkpoints, now time.Time) (bool, string) {
+	if seg.Next < 0 {
+		return false, "active segment"
+	}
+	if rp, ok := cp.Recovery[seg.TP]; !ok || rp < seg.Next {
+		return false, fmt.Sprintf("not flushed: recovery point %s is below the next segment's base offset %d", offsetOrNone(rp, ok), seg.Next)
+	}
+	if hw, ok := cp.HighWatermark[seg.TP]; !ok || hw < seg.Next {
+		return false, fmt.Sprintf("above the high watermark %s (next segment starts at %d)", offsetOrNone(hw, ok), seg.Next)
+	}
+	if age := now.Sub(seg.Mtime); age < p.ShipAfter {
+		return false, fmt.Sprintf("younger than ship-after (%v < %v)", age.Round(time.Second), p.ShipAfter)
+	}
+	if why := untrimmed(seg); why != "" {
+		return false, why
+	}
+	return true, ""
+}
+
+func offsetOrNone(o int64, ok bool) string {
+	if !ok {
+		return "(none)"
+	}
+	return fmt.Sprint(o)
+}
+
+// untrimmed reports an .index or .timeindex that still has the
+// preallocated zero tail Kafka cuts off when it rolls a segment.
+func untrimmed(seg Segment) string {
+	for _, c := range []struct {
+		kind string
+		size int
+	}{{kafka.KindIndex, 8}, {kafka.KindTimeIndex, 12}} {
+		path := sidecar(seg, c.kind)
+		f, err := os.Open(path)
+		if err != nil {
+			continue // absent: Kafka rebuilds missing indexes, nothing to wait for
+		}
+		fi, err := f.Stat()
+		if err == nil && fi.Size() > 0 {
+			last := make([]byte, c.size)
+			if fi.Size()%int64(c.size) != 0 {
+				f.Close()
+				return fmt.Sprintf("%s not trimmed (%d bytes)", filepath.Base(path), fi.Size())
+			}
+			if _, err := f.ReadAt(last, fi.Size()-int64(c.size)); err == nil && allZero(last) {
+				f.Close()
+				return fmt.Sprintf("%s not trimmed (zero tail)", filepath.Base(path))
+			}
+		}
+		f.Close()
+	}
+	return ""
+}
+
+func allZero(b []byte) bool {
+	for _, c := range b {
+		if c != 0 {
+			return false
+		}
+	}
+	return true
+}
+
+// sidecar is the path of the segment's file of another kind.
+func sidecar(seg Segment, kind string) string {
+	return filepath.Join(filepath.Dir(seg.Path), kafka.SegmentName{BaseOffset: seg.Base, Kind: kind}.String())
+}

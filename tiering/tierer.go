@@ -1,0 +1,585 @@
+package tiering
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"fmt"
+	"hash/fnv"
+	"log/slog"
+	"math"
+	"os"
+	"path/filepath"
+	"sort"
+	"strings"
+	"sync"
+	"syscall"
+	"time"
+
+	"golang.org/x/sys/unix"
+
+	"github.com/tierfs/tierfs/chunkxfer"
+	"github.com/tierfs/tierfs/chunkxfer/store"
+	"github.com/tierfs/tierfs/idx"
+	"github.com/tierfs/tierfs/idx/kafka"
+)
+
+// Config configures a Tierer.
+type Config struct {
+	// Root is the backing log directory and StateDir tierfs's state in it
+	// (journals, manifests, indexes). When the tierer serves a mount they
+	// are known only once the mount holds the backing directory open:
+	// leave them empty and call SetRoot.
+	Root     string
+	StateDir string
+	Store    store.Store
+	Policy   Policy
+	// LocalRetentionAge frees the local bytes of shipped segments older
+	// than this (0: no age limit). LocalRetentionBytes keeps at most this
+	// many bytes of .log files local per partition, freeing the oldest
+	// shipped segments first (0: no byte limit). With neither set,
+	// segments are shipped but never freed.
+	LocalRetentionAge   time.Duration
+	LocalRetentionBytes int64
+	Concurrency         int   // segments shipped at once (default 2)
+	ChunkSize           int64 // transfer chunk size (default chunkxfer's)
+	Gate                *Gate // shared with the file system (nil: a private one)
+	Cache               *chunkxfer.Cache
+	Log                 *slog.Logger
+	Now                 func() time.Time
+}
+
+// Tierer ships and evicts the segments of one log directory.
+type Tierer struct {
+	cfg     Config
+	ready   chan struct{} // closed once Root and StateDir are known
+	up      *chunkxfer.Uploader
+	mu      sync.Mutex
+	indexes map[string]*idx.File // by partition; GUARDED_BY(mu)
+	busy    map[string]bool      // segments being shipped or evicted; GUARDED_BY(mu)
+}
+
+// New makes a Tierer; it touches nothing until RunOnce.
+func New(cfg Config) (*Tierer, error) {
+	if cfg.Store == nil {
+		return nil, errors.New("tiering: no store")
+	}
+	if cfg.Concurrency <= 0 {
+		cfg.Concurrency = 2
+	}
+	if cfg.ChunkSize == 0 {
+		cfg.ChunkSize = chunkxfer.DefaultChunkSize
+	}
+	if cfg.Gate == nil {
+		cfg.Gate = NewGate()
+	}
+	if cfg.Log == nil {
+		cfg.Log = slog.New(slog.DiscardHandler)
+	}
+	if cfg.Now == nil {
+		cfg.Now = time.Now
+	}
+	if cfg.Cache == nil {
+		c, err := chunkxfer.NewCache(256 << 20)
+		if err != nil {
+			return nil, err
+		}
+		cfg.Cache = c
+	}
+	t := &Tierer{cfg: cfg, indexes: map[string]*idx.File{}, busy: map[string]bool{}, ready: make(chan struct{})}
+	if cfg.Root != "" && cfg.StateDir != "" {
+		t.SetRoot(cfg.Root, cfg.StateDir)
+	}
+	return t, nil
+}
+
+// SetRoot tells the tierer where the log directory and its state are;
+// call it once, before RunOnce.
+func (t *Tierer) SetRoot(root, stateDir string) {
+	t.cfg.Root, t.cfg.StateDir = root, stateDir
+	t.up = &chunkxfer.Uploader{Store: t.cfg.Store, JournalDir: filepath.Join(stateDir, "journal"), ChunkSize: t.cfg.ChunkSize, Parallel: 4, Log: t.cfg.Log}
+	close(t.ready)
+}
+
+// waitReady waits (briefly) for SetRoot.
+func (t *Tierer) waitReady() error {
+	select {
+	case <-t.ready:
+		return nil
+	case <-time.After(30 * time.Second):
+		return errors.New("tiering: the log directory is not set")
+	}
+}
+
+// Close closes the partition index files.
+func (t *Tierer) Close() error {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	for _, f := range t.indexes {
+		f.Close()
+	}
+	t.indexes = map[string]*idx.File{}
+	return nil
+}
+
+// Report says what one pass did.
+type Report struct {
+	Shipped, Evicted, Recovered int
+	Waiting                     map[string]int // segments not eligible, by reason
+	Errors                      []error
+}
+
+// RunOnce finishes half-done evictions, ships every eligible segment and
+// evicts under the local retention.
+func (t *Tierer) RunOnce(ctx context.Context) Report {
+	rep := Report{Waiting: map[string]int{}}
+	if err := t.waitReady(); err != nil {
+		rep.Errors = append(rep.Errors, err)
+		return rep
+	}
+	parts, err := Scan(t.cfg.Root)
+	if err != nil {
+		rep.Errors = append(rep.Errors, err)
+		return rep
+	}
+	cp, err := ReadCheckpoints(t.cfg.Root)
+	if err != nil {
+		rep.Errors = append(rep.Errors, err)
+		return rep
+	}
+	now := t.cfg.Now()
+	var mu sync.Mutex
+	sem := make(chan struct{}, t.cfg.Concurrency)
+	var wg sync.WaitGroup
+	// Partitions ship in parallel; the segments of one partition in
+	// offset order, stopping at the first that cannot ship, because the
+	// partition's index takes entries in offset order only.
+	for _, p := range parts {
+		wg.Add(1)
+		sem <- struct{}{}
+		go func() {
+			defer func() { <-sem; wg.Done() }()
+			r := t.shipPartition(ctx, p, cp, now)
+			mu.Lock()
+			defer mu.Unlock()
+			rep.Shipped += r.Shipped
+			rep.Recovered += r.Recovered
+			rep.Errors = append(rep.Errors, r.Errors...)
+			for k, v := range r.Waiting {
+				rep.Waiting[k] += v
+			}
+		}()
+	}
+	wg.Wait()
+	n, errs := t.evictUnderRetention(ctx, parts, now)
+	rep.Evicted += n
+	rep.Errors = append(rep.Errors, errs...)
+	return rep
+}
+
+// shipPartition finishes half-done evictions and ships the eligible
+// segments of one partition, oldest first.
+func (t *Tierer) shipPartition(ctx context.Context, p Partition, cp Checkpoints, now time.Time) Report {
+	rep := Report{Waiting: map[string]int{}}
+	blocked := ""
+	for _, seg := range p.Segments {
+		rec, has, err := readRecord(seg.Path, -1)
+		if err != nil {
+			rep.Errors = append(rep.Errors, err)
+			blocked = "an earlier segment failed"
+			continue
+		}
+		if has {
+			if rec.State == StateRemote {
+				if fixed, err := t.finishEvict(seg, rec); err != nil {
+					rep.Errors = append(rep.Errors, err)
+				} else if fixed {
+					rep.Recovered++
+				}
+			}
+			continue
+		}
+		if blocked != "" {
+			rep.Waiting[blocked]++
+			continue
+		}
+		if ok, why := t.cfg.Policy.Eligible(seg, cp, now); !ok {
+			rep.Waiting[reasonKind(why)]++
+			blocked = "an earlier segment waits"
+			if seg.Next < 0 {
+				blocked = ""
+			}
+			continue
+		}
+		if err := t.Ship(ctx, seg); err != nil {
+			rep.Errors = append(rep.Errors, fmt.Errorf("ship %s: %w", seg.Path, err))
+			blocked = "an earlier segment failed"
+			continue
+		}
+		rep.Shipped++
+	}
+	return rep
+}
+
+// Run calls RunOnce every interval until ctx ends, logging what it did.
+func (t *Tierer) Run(ctx context.Context, interval time.Duration) {
+	for {
+		rep := t.RunOnce(ctx)
+		if rep.Shipped+rep.Evicted+rep.Recovered > 0 || len(rep.Errors) > 0 {
+			t.cfg.Log.Info("tiering pass", "shipped", rep.Shipped, "evicted", rep.Evicted, "recovered", rep.Recovered, "errors", len(rep.Errors))
+		}
+		for _, err := range rep.Errors {
+			t.cfg.Log.Warn("tiering", "err", err)
+		}
+		select {
+		case <-ctx.Done():
+			return
+		case <-time.After(interval):
+		}
+	}
+}
+
+// reasonKind groups reasons for the report ("not flushed: ..." → "not flushed").
+func reasonKind(why string) string {
+	if i := strings.IndexAny(why, ":("); i >= 0 {
+		return strings.TrimSpace(why[:i])
+	}
+	return why
+}
+
+// objectKey names a segment's objects: <partition>/<base20>-<id><suffix>,
+// where id tells apart two files that had the same base offset (a
+// segment rewritten after a truncation).
+func objectKey(seg Segment, st *syscall.Stat_t, suffix string) string {
+	h := fnv.New32a()
+	fmt.Fprintf(h, "%d/%d/%d", st.Ino, st.Size, st.Mtim.Nano())
+	return fmt.Sprintf("%s/%020d-%08x%s", seg.Partition, seg.Base, h.Sum32(), suffix)
+}
+
+func (t *Tierer) claim(path string) bool {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	if t.busy[path] {
+		return false
+	}
+	t.busy[path] = true
+	return true
+}
+
+func (t *Tierer) release(path string) {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	delete(t.busy, path)
+}
+
+// Ship uploads a segment with its index files, verifies the remote copy,
+// records its index entries and marks it shipped. Every step can be
+// repeated: after a crash the next pass resumes the upload and skips
+// what is done.
+func (t *Tierer) Ship(ctx context.Context, seg Segment) error {
+	if !t.claim(seg.Path) {
+		return nil
+	}
+	defer t.release(seg.Path)
+	var st syscall.Stat_t
+	if err := syscall.Stat(seg.Path, &st); err != nil {
+		return err
+	}
+	key := objectKey(seg, &st, ".log")
+	m, err := t.up.Upload(ctx, seg.Path, key)
+	if err != nil {
+		return err
+	}
+	if err := chunkxfer.Verify(ctx, t.cfg.Store, m); err != nil {
+		return fmt.Errorf("remote copy does not verify: %w", err)
+	}
+	for _, kind := range []string{kafka.KindIndex, kafka.KindTimeIndex, kafka.KindTxnIndex, kafka.KindSnapshot} {
+		p := sidecar(seg, kind)
+		if _, err := os.Stat(p); err != nil {
+			continue
+		}
+		if _, err := t.up.Upload(ctx, p, objectKey(seg, &st, kind)); err != nil {
+			return fmt.Errorf("ship %s: %w", filepath.Base(p), err)
+		}
+	}
+	if p := filepath.Join(filepath.Dir(seg.Path), "leader-epoch-checkpoint"); fileExists(p) {
+		if _, err := t.up.Upload(ctx, p, objectKey(seg, &st, ".leader-epoch-checkpoint")); err != nil {
+			return fmt.Errorf("ship leader-epoch-checkpoint: %w", err)
+		}
+	}
+	if err := t.index(ctx, seg, key); err != nil {
+		return err
+	}
+	manRel := filepath.Join("manifests", seg.Partition, filepath.Base(key)+".json")
+	if err := writeManifestCopy(filepath.Join(t.cfg.StateDir, manRel), m); err != nil {
+		return err
+	}
+	// The file must still be what was uploaded.
+	var now syscall.Stat_t
+	if err := syscall.Stat(seg.Path, &now); err != nil {
+		return err
+	}
+	if now.Ino != st.Ino || now.Size != st.Size || now.Mtim != st.Mtim {
+		return fmt.Errorf("%s changed while it was shipped: %w", seg.Path, chunkxfer.ErrSourceChanged)
+	}
+	rec := Record{State: StateShipped, Key: key, ETag: m.ETag, Size: st.Size, MtimeNs: st.Mtim.Nano(), Ino: st.Ino, Manifest: manRel}
+	if err := writeRecord(seg.Path, rec); err != nil {
+		return err
+	}
+	t.cfg.Log.Info("shipped", "segment", seg.Path, "key", key, "bytes", st.Size)
+	return nil
+}
+
+func fileExists(p string) bool {
+	_, err := os.Stat(p)
+	return err == nil
+}
+
+func writeManifestCopy(path string, m *chunkxfer.Manifest) error {
+	b, err := jsonMarshal(m)
+	if err != nil {
+		return err
+	}
+	if err := os.MkdirAll(filepath.Dir(path), 0o755); err != nil {
+		return err
+	}
+	tmp := path + ".tmp"
+	if err := os.WriteFile(tmp, b, 0o644); err != nil {
+		return err
+	}
+	f, err := os.Open(tmp)
+	if err == nil {
+		f.Sync()
+		f.Close()
+	}
+	return os.Rename(tmp, path)
+}
+
+// index appends the segment's entries to the partition's index file
+// (once) and ships the index file and the segment's remote indexes.
+func (t *Tierer) index(ctx context.Context, seg Segment, key string) error {
+	f, err := t.indexFile(seg.Partition)
+	if err != nil {
+		return err
+	}
+	var have bool
+	f.View(func(x *idx.Index) { lo, hi := x.Segment(seg.Base, seg.Next); have = hi > lo })
+	if !have {
+		lf, err := os.Open(seg.Path)
+		if err != nil {
+			return err
+		}
+		c, err := idx.ChunkSegment(seg.Path, lf, seg.Size, seg.Base, idx.ChunkOptions{})
+		lf.Close()
+		if err != nil {
+			return err
+		}
+		if c.Opaque {
+			t.cfg.Log.Warn("segment is not well-formed record batches; indexed as opaque chunks", "segment", seg.Path, "why", c.Reason)
+		}
+		var es []idx.Entry
+		for _, ch := range c.Chunks {
+			e := ch.Entry
+			e.RDI = []byte(fmt.Sprintf("%s@%d", key, ch.Position))
+			es = append(es, e)
+		}
+		if err := f.Append(es...); err != nil {
+			return err
+		}
+	}
+	var ri idx.RemoteIndexes
+	var data []byte
+	f.View(func(x *idx.Index) {
+		ri, err = x.BuildRemoteIndexes(seg.Base, nextOrMax(seg.Next))
+		data, _ = os.ReadFile(f.Path())
+		data = data[:min(int64(len(data)), x.Size())]
+	})
+	if err != nil {
+		return err
+	}
+	dir := filepath.Dir(f.Path())
+	if err := idx.WriteRemoteIndexes(dir, ri); err != nil {
+		return err
+	}
+	for name, b := range map[string][]byte{
+		idx.RemoteOffsetIndexName(seg.Base): ri.MarshalOffsets(),
+		idx.RemoteTimeIndexName(seg.Base):   ri.MarshalTimes(),
+		idx.FileName:                        data,
+	} {
+		if _, err := t.cfg.Store.Put(ctx, seg.Partition+"/"+name, bytes.NewReader(b), int64(len(b))); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+func nextOrMax(n int64) int64 {
+	if n < 0 {
+		return math.MaxInt64
+	}
+	return n
+}
+
+func (t *Tierer) indexFile(partition string) (*idx.File, error) {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	if f := t.indexes[partition]; f != nil {
+		return f, nil
+	}
+	dir := filepath.Join(t.cfg.StateDir, "idx", partition)
+	if err := os.MkdirAll(dir, 0o755); err != nil {
+		return nil, err
+	}
+	f, err := idx.OpenFile(filepath.Join(dir, idx.FileName))
+	if err != nil {
+		return nil, err
+	}
+	if f.Cut() > 0 {
+		t.cfg.Log.Warn("cut a torn tail off an index file", "path", f.Path(), "bytes", f.Cut())
+	}
+	t.indexes[partition] = f
+	return f, nil
+}
+
+// evictUnderRetention frees shipped segments past the local retention.
+func (t *Tierer) evictUnderRetention(ctx context.Context, parts []Partition, now time.Time) (int, []error) {
+	if t.cfg.LocalRetentionAge == 0 && t.cfg.LocalRetentionBytes == 0 {
+		return 0, nil
+	}
+	evicted := 0
+	var errs []error
+	for _, p := range parts {
+		type cand struct {
+			seg Segment
+			rec Record
+		}
+		var shipped []cand
+		var local int64
+		for _, seg := range p.Segments {
+			rec, has, err := readRecord(seg.Path, -1)
+			if err != nil {
+				errs = append(errs, err)
+				continue
+			}
+			if has && rec.State == StateRemote {
+				continue
+			}
+			local += seg.Size
+			if has && rec.State == StateShipped {
+				shipped = append(shipped, cand{seg, rec})
+			}
+		}
+		sort.Slice(shipped, func(i, j int) bool { return shipped[i].seg.Base < shipped[j].seg.Base })
+		for _, c := range shipped {
+			old := t.cfg.LocalRetentionAge > 0 && now.Sub(c.seg.Mtime) > t.cfg.LocalRetentionAge
+			over := t.cfg.LocalRetentionBytes > 0 && local > t.cfg.LocalRetentionBytes
+			if !old && !over {
+				continue
+			}
+			if err := t.Evict(c.seg.Path); err != nil {
+				errs = append(errs, fmt.Errorf("evict %s: %w", c.seg.Path, err))
+				continue
+			}
+			local -= c.seg.Size
+			evicted++
+		}
+	}
+	return evicted, errs
+}
+
+// Evict frees the local bytes of a shipped segment: under the gate, it
+// marks the file remote, punches out its bytes (keeping its size) and
+// restores its mtime. A crash in between is finished by the next pass.
+func (t *Tierer) Evict(path string) error {
+	if !t.claim(path) {
+		return nil
+	}
+	defer t.release(path)
+	rec, has, err := readRecord(path, -1)
+	if err != nil {
+		return err
+	}
+	if !has || rec.State != StateShipped {
+		return fmt.Errorf("%s is not shipped", path)
+	}
+	if _, err := t.loadManifest(rec); err != nil {
+		return fmt.Errorf("no usable manifest, not freeing local bytes: %w", err)
+	}
+	// Under the gate no read or write of the file is under way, so the
+	// identity checked here is what gets freed.
+	unlock := t.cfg.Gate.Lock(rec.Ino)
+	defer unlock()
+	var st syscall.Stat_t
+	if err := syscall.Stat(path, &st); err != nil {
+		return err
+	}
+	if st.Ino != rec.Ino || st.Size != rec.Size || st.Mtim.Nano() != rec.MtimeNs {
+		// Changed since it was shipped: the copy is stale. Forget it;
+		// the next pass ships the file again if it is still eligible.
+		if err := unix.Removexattr(path, recordXattr); err != nil {
+			return err
+		}
+		return fmt.Errorf("%s changed since it was shipped; shipping it again: %w", path, chunkxfer.ErrSourceChanged)
+	}
+	rec.State = StateRemote
+	if err := writeRecord(path, rec); err != nil {
+		return err
+	}
+	if _, err := t.finishEvict(Segment{Path: path}, rec); err != nil {
+		return err
+	}
+	t.cfg.Log.Info("evicted", "segment", path, "freed_bytes", st.Blocks*512)
+	return nil
+}
+
+// finishEvict makes a remote-marked file hold no local bytes and carry
+// its recorded mtime, then records that; it reports whether it had
+// anything to do.
+func (t *Tierer) finishEvict(seg Segment, rec Record) (bool, error) {
+	if rec.Freed {
+		return false, nil
+	}
+	f, err := os.OpenFile(seg.Path, os.O_RDWR, 0)
+	if err != nil {
+		return false, err
+	}
+	defer f.Close()
+	var st syscall.Stat_t
+	if err := syscall.Fstat(int(f.Fd()), &st); err != nil {
+		return false, err
+	}
+	if st.Ino != rec.Ino || st.Size != rec.Size {
+		return false, fmt.Errorf("%s is marked remote but is another file now (inode %d, %d bytes; recorded %d, %d bytes)", seg.Path, st.Ino, st.Size, rec.Ino, rec.Size)
+	}
+	if err := unix.Fallocate(int(f.Fd()), unix.FALLOC_FL_PUNCH_HOLE|unix.FALLOC_FL_KEEP_SIZE, 0, st.Size); err != nil {
+		return false, fmt.Errorf("free %s: %w", seg.Path, err)
+	}
+	mt := unix.NsecToTimespec(rec.MtimeNs)
+	at := unix.Timespec{Sec: st.Atim.Sec, Nsec: st.Atim.Nsec}
+	if err := unix.UtimesNanoAt(unix.AT_FDCWD, seg.Path, []unix.Timespec{at, mt}, 0); err != nil {
+		return false, err
+	}
+	if err := f.Sync(); err != nil {
+		return false, err
+	}
+	rec.Freed = true
+	return true, writeRecord(seg.Path, rec)
+}
+
+func (t *Tierer) loadManifest(rec Record) (*chunkxfer.Manifest, error) {
+	if err := t.waitReady(); err != nil {
+		return nil, err
+	}
+	b, err := os.ReadFile(filepath.Join(t.cfg.StateDir, rec.Manifest))
+	if err != nil {
+		return nil, err
+	}
+	m, err := chunkxfer.ParseManifest(b)
+	if err != nil {
+		return nil, err
+	}
+	if m.Key != rec.Key || m.ETag != rec.ETag || m.Size != rec.Size {
+		return nil, fmt.Errorf("manifest %s is not of %s (etag %s)", rec.Manifest, rec.Key, rec.ETag)
+	}
+	return m, nil
+}

@@ -1,0 +1,246 @@
+package tiering
+
+import (
+	"bytes"
+	"context"
+	"crypto/sha256"
+	"math"
+	"os"
+	"path/filepath"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/tierfs/tierfs/chunkxfer/store"
+	"github.com/tierfs/tierfs/idx"
+	"github.com/tierfs/tierfs/idx/kafka/kafkatest"
+)
+
+func logDir(t *testing.T) (string, map[string][]int64, map[string][32]byte) {
+	root := filepath.Join(t.TempDir(), "kafka-logs")
+	bases, err := kafkatest.LogDir{Topic: "orders", Partitions: 2, Segments: 4, Batches: 12, Records: 8, ValueSize: 900, Unflushed: 1, Age: time.Hour}.Write(root)
+	if err != nil {
+		t.Fatal(err)
+	}
+	sums := map[string][32]byte{}
+	filepath.Walk(root, func(p string, fi os.FileInfo, err error) error {
+		if err == nil && fi.Mode().IsRegular() {
+			b, _ := os.ReadFile(p)
+			sums[p] = sha256.Sum256(b)
+		}
+		return nil
+	})
+	return root, bases, sums
+}
+
+func newTierer(t *testing.T, root string, s store.Store, retention int64) *Tierer {
+	tr, err := New(Config{Root: root, StateDir: filepath.Join(root, ".tierfs"), Store: s, Policy: Policy{ShipAfter: 10 * time.Minute}, LocalRetentionBytes: retention, ChunkSize: 64 << 10})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { tr.Close() })
+	return tr
+}
+
+func TestShipAndEvict(t *testing.T) {
+	for name, mk := range map[string]func(t *testing.T) store.Store{
+		"mem": func(t *testing.T) store.Store { return store.NewMem(nil) },
+		"dir": func(t *testing.T) store.Store {
+			d, err := store.NewDir(filepath.Join(t.TempDir(), "remote"))
+			if err != nil {
+				t.Fatal(err)
+			}
+			return d
+		},
+	} {
+		t.Run(name, func(t *testing.T) {
+			root, bases, sums := logDir(t)
+			s := mk(t)
+			tr := newTierer(t, root, s, 1) // keep (almost) nothing local
+			rep := tr.RunOnce(context.Background())
+			if len(rep.Errors) > 0 {
+				t.Fatal(rep.Errors)
+			}
+			// Two rolled, flushed segments per partition ship; the
+			// last rolled one is not flushed and the active one stays.
+			if rep.Shipped != 4 || rep.Evicted != 4 || rep.Waiting["an earlier segment waits"] != 2 || rep.Waiting["not flushed"] != 2 {
+				t.Fatalf("report %+v", rep)
+			}
+			for part, bs := range bases {
+				for i, base := range bs {
+					path := filepath.Join(root, part, kafkaName(base, ".log"))
+					st, _, err := tr.State(path)
+					if err != nil {
+						t.Fatal(err)
+					}
+					want := StateLocal
+					if i < 2 {
+						want = StateRemote
+					}
+					if st != want {
+						t.Errorf("%s: state %s, want %s", path, st, want)
+					}
+					var sb syscall.Stat_t
+					syscall.Stat(path, &sb)
+					// What stays allocated is at most the partial last block
+					// and an xattr block.
+					if want == StateRemote && sb.Blocks*512 > 8192 {
+						t.Errorf("%s: %d blocks still allocated", path, sb.Blocks)
+					}
+					// Index files always stay local.
+					if b, _ := os.ReadFile(filepath.Join(root, part, kafkaName(base, ".index"))); sha256.Sum256(b) != sums[filepath.Join(root, part, kafkaName(base, ".index"))] {
+						t.Errorf("%s .index changed", path)
+					}
+				}
+			}
+			// Evicted files keep size and mtime, and read back exactly
+			// through the store.
+			for path, sum := range sums {
+				if !strings.HasSuffix(path, ".log") {
+					continue
+				}
+				st, _, _ := tr.State(path)
+				if st != StateRemote {
+					continue
+				}
+				r, err := tr.OpenRemote(path)
+				if err != nil {
+					t.Fatal(err)
+				}
+				fi, _ := os.Stat(path)
+				buf := make([]byte, fi.Size())
+				n, err := r.ReadAt(buf, 0)
+				r.Close()
+				if int64(n) != fi.Size() || sha256.Sum256(buf) != sum {
+					t.Fatalf("%s: remote read %d bytes, %v", path, n, err)
+				}
+				if time.Since(fi.ModTime()) < 50*time.Minute {
+					t.Fatalf("%s: mtime not kept: %v", path, fi.ModTime())
+				}
+			}
+			// The partition's index covers the shipped segments and was shipped too.
+			f, err := idx.OpenFile(filepath.Join(root, ".tierfs", "idx", "orders-0", idx.FileName))
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer f.Close()
+			b0 := bases["orders-0"]
+			if e, _, ok := f.LookupOffset(b0[1] + 3); !ok || e.FirstOffset > b0[1]+3 || !strings.Contains(string(e.RDI), kafkaName(b0[1], "")[:20]) {
+				t.Fatalf("index lookup: %+v %v", e, ok)
+			}
+			if _, err := s.Head(context.Background(), "orders-0/"+idx.FileName); err != nil {
+				t.Fatalf("index file not shipped: %v", err)
+			}
+			// A second pass has nothing to do.
+			if rep := tr.RunOnce(context.Background()); rep.Shipped+rep.Evicted+rep.Recovered != 0 || len(rep.Errors) > 0 {
+				t.Fatalf("second pass: %+v", rep)
+			}
+		})
+	}
+}
+
+// TestEvictFinishesAfterCrash: a file marked remote whose bytes were not
+// yet freed (a crash between the two steps) is finished on the next pass.
+func TestEvictFinishesAfterCrash(t *testing.T) {
+	root, bases, sums := logDir(t)
+	tr := newTierer(t, root, store.NewMem(nil), 0) // ship, do not evict
+	if rep := tr.RunOnce(context.Background()); rep.Shipped != 4 || rep.Evicted != 0 {
+		t.Fatalf("report %+v", rep)
+	}
+	path := filepath.Join(root, "orders-1", kafkaName(bases["orders-1"][0], ".log"))
+	rec, _, _ := readRecord(path, -1)
+	rec.State = StateRemote
+	if err := writeRecord(path, rec); err != nil {
+		t.Fatal(err)
+	}
+	rep := tr.RunOnce(context.Background())
+	if rep.Recovered != 1 {
+		t.Fatalf("report %+v", rep)
+	}
+	var sb syscall.Stat_t
+	syscall.Stat(path, &sb)
+	fi, _ := os.Stat(path)
+	if sb.Blocks*512 > 8192 || fi.ModTime().UnixNano() != rec.MtimeNs {
+		t.Fatalf("not finished: %d blocks, mtime %v", sb.Blocks, fi.ModTime())
+	}
+	r, _ := tr.OpenRemote(path)
+	buf := make([]byte, fi.Size())
+	r.ReadAt(buf, 0)
+	if sha256.Sum256(buf) != sums[path] {
+		t.Fatal("remote bytes differ")
+	}
+}
+
+// TestChangedSegmentIsNotFreed: a shipped file written to afterwards is
+// not freed; its stale record is dropped and it ships again.
+func TestChangedSegmentIsNotFreed(t *testing.T) {
+	root, bases, _ := logDir(t)
+	tr := newTierer(t, root, store.NewMem(nil), 0)
+	tr.RunOnce(context.Background())
+	path := filepath.Join(root, "orders-0", kafkaName(bases["orders-0"][0], ".log"))
+	f, _ := os.OpenFile(path, os.O_WRONLY|os.O_APPEND, 0)
+	f.Write([]byte("more"))
+	f.Close()
+	old := time.Now().Add(-time.Hour)
+	os.Chtimes(path, old, old)
+	if err := tr.Evict(path); err == nil {
+		t.Fatal("evicted a changed file")
+	}
+	if st, _, _ := tr.State(path); st != StateLocal {
+		t.Fatalf("state %s after a refused evict", st)
+	}
+	data, _ := os.ReadFile(path)
+	if !bytes.HasSuffix(data, []byte("more")) {
+		t.Fatal("local bytes lost")
+	}
+}
+
+func TestEligibility(t *testing.T) {
+	root, _, _ := logDir(t)
+	parts, err := Scan(root)
+	if err != nil || len(parts) != 2 {
+		t.Fatalf("scan: %v %v", parts, err)
+	}
+	os.MkdirAll(filepath.Join(root, "orders-0.0123456789abcdef0123456789abcdef-delete"), 0o755)
+	os.MkdirAll(filepath.Join(root, "__cluster_metadata-0"), 0o755)
+	if parts, _ := Scan(root); len(parts) != 2 {
+		t.Fatalf("scan picked up %d dirs", len(parts))
+	}
+	cp, err := ReadCheckpoints(root)
+	if err != nil {
+		t.Fatal(err)
+	}
+	p := Policy{ShipAfter: 10 * time.Minute}
+	segs := parts[0].Segments
+	now := time.Now()
+	for i, want := range []string{"", "", "not flushed", "active segment"} {
+		ok, why := p.Eligible(segs[i], cp, now)
+		if ok != (want == "") || !strings.HasPrefix(why, want) {
+			t.Errorf("segment %d: %v %q, want %q", i, ok, why, want)
+		}
+	}
+	if ok, why := p.Eligible(segs[0], cp, segs[0].Mtime.Add(time.Minute)); ok || !strings.HasPrefix(why, "younger") {
+		t.Errorf("young segment: %v %q", ok, why)
+	}
+	delete(cp.HighWatermark, segs[0].TP)
+	if ok, why := p.Eligible(segs[0], cp, now); ok || !strings.HasPrefix(why, "above the high watermark") {
+		t.Errorf("no high watermark: %v %q", ok, why)
+	}
+	cp, _ = ReadCheckpoints(root)
+	idxPath := sidecar(segs[0], ".index")
+	data, _ := os.ReadFile(idxPath)
+	os.WriteFile(idxPath, append(data, make([]byte, 80)...), 0o644)
+	if ok, why := p.Eligible(segs[0], cp, now); ok || !strings.Contains(why, "not trimmed") {
+		t.Errorf("untrimmed index: %v %q", ok, why)
+	}
+	if !(&Tierer{}).Tiered("orders-0/00000000000000000000.log") || (&Tierer{}).Tiered("orders-0/00000000000000000000.index") ||
+		(&Tierer{}).Tiered("__cluster_metadata-0/00000000000000000000.log") || (&Tierer{}).Tiered("00000000000000000000.log") {
+		t.Error("Tiered")
+	}
+	_ = math.MaxInt64
+}
+
+func kafkaName(base int64, ext string) string {
+	return strings.TrimSuffix(filepath.Base(sidecar(Segment{Path: "/x/y", Base: base}, ".log")), ".log") + ext
+}
