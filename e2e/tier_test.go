@@ -314,4 +314,3 @@ func storeDown(t *testing.T, srv *s3test.Server, mnt, evicted, local string, bef
 		t.Errorf("evicted file after the store came back: %v", err)
 	}
 }
-

@@ -3,11 +3,11 @@ package main
 import (
 	"context"
 	"errors"
-	"net/url"
-	"path/filepath"
 	"fmt"
+	"net/url"
 	"os"
 	"os/signal"
+	"path/filepath"
 	"syscall"
 	"time"
 
