@@ -1,0 +1,143 @@
+package e2e
+
+import (
+	"context"
+	"crypto/sha256"
+	"fmt"
+	"math/rand/v2"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/tierfs/tierfs/chunkxfer"
+	"github.com/tierfs/tierfs/chunkxfer/store"
+	"github.com/tierfs/tierfs/idx/kafka/kafkatest"
+	"golang.org/x/sys/unix"
+)
+
+// TestKillDuringTiering kills the mount process (SIGKILL) at 20 random
+// moments while it ships and evicts, restarting it each time. After
+// every kill, every file whose local bytes are gone has a remote copy
+// that holds exactly its bytes; at the end all eligible segments are
+// remote, every file reads byte-exact through the mount, and no
+// multipart upload or journal is left.
+func TestKillDuringTiering(t *testing.T) {
+	requireRoot(t)
+	dir := t.TempDir()
+	backing, mnt, remoteDir := filepath.Join(dir, "backing"), filepath.Join(dir, "mnt"), filepath.Join(dir, "remote")
+	os.MkdirAll(mnt, 0o755)
+	bases, err := kafkatest.LogDir{Topic: "events", Partitions: 2, Segments: 8, Batches: 40, Records: 16, ValueSize: 20000, Unflushed: 1, Age: time.Hour}.Write(backing)
+	if err != nil {
+		t.Fatal(err)
+	}
+	before := sums(t, backing)
+	st, err := store.NewDir(remoteDir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	args := []string{"--backing", backing, "--remote", "file://" + remoteDir, "--ship-after", "1m",
+		"--local-retention-bytes", "1", "--tier-interval", "50ms", "--cache-bytes", "1048576", mnt}
+	seed := uint64(time.Now().UnixNano())
+	t.Logf("seed %d", seed)
+	r := rand.New(rand.NewPCG(seed, 5))
+	killedWith := map[string]int{}
+	for i := range 20 {
+		m := startMount(t, nil, args...)
+		time.Sleep(time.Duration(r.Int64N(int64(700 * time.Millisecond))))
+		log := m.Log()
+		for _, w := range []string{"msg=shipped", "msg=evicted"} {
+			killedWith[w] += strings.Count(log, w)
+		}
+		m.cmd.Process.Signal(syscall.SIGKILL)
+		<-m.done
+		exec.Command("umount", "-l", mnt).Run()
+		if ents, _ := os.ReadDir(filepath.Join(backing, ".tierfs", "journal")); len(ents) > 0 {
+			killedWith["mid-upload"]++
+		}
+		checkNothingLost(t, backing, st, before)
+		if t.Failed() {
+			t.Fatalf("after kill %d:\n%s", i, log)
+		}
+	}
+	t.Logf("before the kills the mounts logged %d ships and %d evictions; %d kills left an upload half done", killedWith["msg=shipped"], killedWith["msg=evicted"], killedWith["mid-upload"])
+	m := startMount(t, nil, args...)
+	deadline := time.Now().Add(90 * time.Second)
+	for {
+		remote := 0
+		for p, bs := range bases {
+			for _, b := range bs[:len(bs)-2] {
+				if state(filepath.Join(mnt, p, fmt.Sprintf("%020d.log", b))) == "remote" {
+					remote++
+				}
+			}
+		}
+		if remote == 12 {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("%d of 12 segments remote after 90s:\n%s", remote, m.Log())
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+	after := sums(t, mnt)
+	for rel, sum := range before {
+		if after[rel] != sum {
+			t.Errorf("%s differs through the mount", rel)
+		}
+	}
+	if ups, err := st.ListMultipart(context.Background(), ""); err != nil || len(ups) != 0 {
+		t.Errorf("leaked uploads: %v %v", ups, err)
+	}
+	if ents, _ := os.ReadDir(filepath.Join(backing, ".tierfs", "journal")); len(ents) != 0 {
+		t.Errorf("journals left: %v", ents)
+	}
+}
+
+// checkNothingLost looks at the backing directory with no mount: a .log
+// whose bytes were freed must be marked remote, and its object must hold
+// exactly the original bytes; any other .log must still hold them.
+func checkNothingLost(t *testing.T, backing string, st store.Store, before map[string][32]byte) {
+	t.Helper()
+	for rel, sum := range before {
+		if !strings.HasSuffix(rel, ".log") {
+			continue
+		}
+		path := filepath.Join(backing, rel)
+		buf := make([]byte, 4096)
+		n, err := unix.Getxattr(path, "trusted.tierfs", buf)
+		var rec struct {
+			State, Key, ETag string
+		}
+		if err == nil {
+			if err := jsonUnmarshal(buf[:n], &rec); err != nil {
+				t.Errorf("%s: bad state %q", rel, buf[:n])
+				continue
+			}
+		}
+		if rec.State != "remote" {
+			b, err := os.ReadFile(path)
+			if err != nil || sha256.Sum256(b) != sum {
+				t.Errorf("%s (state %q) lost local bytes", rel, rec.State)
+			}
+			continue
+		}
+		m, err := chunkxfer.LoadManifest(context.Background(), st, rec.Key)
+		if err != nil {
+			t.Errorf("%s is remote but its object is not usable: %v", rel, err)
+			continue
+		}
+		cache, _ := chunkxfer.NewCache(1 << 20)
+		rd := chunkxfer.NewReaderFor(st, m, cache, chunkxfer.ReaderOptions{})
+		b := make([]byte, m.Size)
+		_, err = rd.ReadAt(b, 0)
+		rd.Close()
+		cache.Close()
+		if err != nil || sha256.Sum256(b) != sum {
+			t.Errorf("%s is remote but its object differs: %v", rel, err)
+		}
+	}
+}
