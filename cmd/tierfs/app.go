@@ -45,6 +45,7 @@ func Main(args []string) error {
 			cmdUmount(),
 			cmdIndex(),
 			cmdStore(),
+			cmdStatus(),
 		},
 		HideHelpCommand: true,
 	}

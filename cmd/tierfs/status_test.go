@@ -1,0 +1,45 @@
+package main
+
+import (
+	"bytes"
+	"context"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/tierfs/tierfs/chunkxfer/store"
+	"github.com/tierfs/tierfs/idx/kafka/kafkatest"
+	"github.com/tierfs/tierfs/tiering"
+)
+
+func TestStatus(t *testing.T) {
+	root := filepath.Join(t.TempDir(), "logs")
+	if _, err := (kafkatest.LogDir{Topic: "t", Partitions: 2, Segments: 4, Batches: 8, Records: 4, ValueSize: 500, Unflushed: 1, Age: time.Hour}).Write(root); err != nil {
+		t.Fatal(err)
+	}
+	tr, err := tiering.New(tiering.Config{Root: root, StateDir: filepath.Join(root, ".tierfs"), Store: store.NewMem(nil),
+		Policy: tiering.Policy{ShipAfter: time.Minute}, LocalRetentionBytes: 1})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer tr.Close()
+	if rep := tr.RunOnce(context.Background()); rep.Evicted != 4 {
+		t.Fatalf("%+v", rep)
+	}
+	var out bytes.Buffer
+	if err := status(&out, root, time.Now()); err != nil {
+		t.Fatal(err)
+	}
+	lines := strings.Split(strings.TrimSpace(out.String()), "\n")
+	if len(lines) != 4 {
+		t.Fatalf("status:\n%s", out.String())
+	}
+	// t-0: 4 segments, 2 local (the unflushed one and the active one), 0 shipped, 2 remote.
+	if f := strings.Fields(lines[1]); f[0] != "t-0" || f[1] != "4" || f[2] != "2" || f[3] != "0" || f[4] != "2" {
+		t.Fatalf("status line %q", lines[1])
+	}
+	if f := strings.Fields(lines[3]); f[0] != "total" || f[4] != "4" {
+		t.Fatalf("total line %q", lines[3])
+	}
+}
