@@ -3,7 +3,7 @@ GO      ?= go
 BIN     := bin/tierfs
 VERSION ?= $(shell git describe --always --dirty 2>/dev/null || echo dev)
 
-.PHONY: build test fuzz e2e bench bench-local bench-scan bench-xfer lint demo deps clean
+.PHONY: build test fuzz e2e bench bench-local bench-scan bench-xfer bench-tier lint demo deps clean
 
 build:
 	$(GO) build -ldflags "-X main.version=$(VERSION)" -o $(BIN) ./cmd/tierfs
@@ -24,11 +24,15 @@ fuzz:
 e2e: build
 	$(GO) test -count=1 -timeout 30m ./e2e/...
 
-bench: bench-local bench-scan bench-xfer
+bench: bench-local bench-scan bench-xfer bench-tier
 
 # Transfers against versitygw on loopback: raw aws-sdk-go-v2 limits, then Uploader, Downloader, Reader.
 bench-xfer:
 	$(GO) run ./bench/xfer -size $(or $(SIZE),1GiB) -runs 3
+
+# Reads of an evicted segment through the mount vs raw GETs, s3fs and rclone; first byte; ls -l of 10,000 segments.
+bench-tier: build
+	$(GO) run ./bench/tier -tierfs $(BIN) -size $(or $(SIZE),1GiB) -runs 3
 
 # Segment scan speed (headers, CRC32C, chunker) next to cat, 1 GiB from page cache.
 bench-scan:

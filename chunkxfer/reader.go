@@ -139,7 +139,10 @@ func (r *Reader) ReadAtContext(ctx context.Context, p []byte, off int64) (int, e
 	if off >= r.m.Size {
 		return 0, io.EOF
 	}
-	sequential := r.lastEnd.Load() == off
+	// Near-sequential counts: the kernel's readahead can have several
+	// requests in flight and they may arrive slightly out of order.
+	last := r.lastEnd.Load()
+	sequential := last >= 0 && off >= last-r.m.ChunkSize && off <= last+r.m.ChunkSize
 	n := 0
 	for n < len(p) && off+int64(n) < r.m.Size {
 		pos := off + int64(n)

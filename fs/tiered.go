@@ -7,6 +7,7 @@ import (
 	"io"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"syscall"
 
 	gofs "github.com/hanwen/go-fuse/v2/fs"
@@ -61,6 +62,12 @@ type tieredFile struct {
 	t   Tiering
 	ino uint64
 
+	// evicted is set once a read found the file remote. Nothing brings
+	// an evicted file back local while it is open (hydrate, when it
+	// comes, must clear this), so later reads skip the gate and the
+	// state lookup.
+	evicted atomic.Bool
+
 	mu     sync.Mutex
 	remote RemoteReader // opened on the first remote read; GUARDED_BY(mu)
 }
@@ -83,6 +90,9 @@ func (tf *tieredFile) state() (string, error) {
 }
 
 func (tf *tieredFile) Read(ctx context.Context, dest []byte, off int64) (fuse.ReadResult, syscall.Errno) {
+	if tf.evicted.Load() {
+		return tf.readRemote(dest, off)
+	}
 	unlock := tf.t.RLock(tf.ino)
 	defer unlock()
 	st, err := tf.state()
@@ -98,6 +108,11 @@ func (tf *tieredFile) Read(ctx context.Context, dest []byte, off int64) (fuse.Re
 		}
 		return fuse.ReadResultData(dest[:n]), 0
 	}
+	tf.evicted.Store(true)
+	return tf.readRemote(dest, off)
+}
+
+func (tf *tieredFile) readRemote(dest []byte, off int64) (fuse.ReadResult, syscall.Errno) {
 	r, err := tf.remoteReader()
 	if err != nil {
 		tf.node.root.log.Error("cannot open remote file", "ino", tf.ino, "err", err)

@@ -1,6 +1,8 @@
 package tiering
 
 import (
+	"os"
+	"strconv"
 	"strings"
 
 	"github.com/tierfs/tierfs/chunkxfer"
@@ -58,7 +60,7 @@ func (t *Tierer) OpenRemote(path string) (interface {
 	if err != nil {
 		return nil, err
 	}
-	return remoteReader{chunkxfer.NewReaderFor(t.cfg.Store, m, t.cfg.Cache, chunkxfer.ReaderOptions{ReadAhead: 4, Log: t.cfg.Log})}, nil
+	return remoteReader{chunkxfer.NewReaderFor(t.cfg.Store, m, t.cfg.Cache, chunkxfer.ReaderOptions{ReadAhead: readAheadChunks(), Log: t.cfg.Log})}, nil
 }
 
 var _ interface {
@@ -66,3 +68,10 @@ var _ interface {
 	RLock(uint64) func()
 	State(string) (string, string, error)
 } = (*Tierer)(nil)
+
+func readAheadChunks() int {
+	if n, err := strconv.Atoi(os.Getenv("TIERFS_READAHEAD")); err == nil {
+		return n
+	}
+	return 4
+}

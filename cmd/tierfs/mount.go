@@ -8,6 +8,7 @@ import (
 	"os"
 	"os/signal"
 	"path/filepath"
+	"runtime/pprof"
 	"syscall"
 	"time"
 
@@ -53,6 +54,17 @@ func runMount(c *cli.Context) error {
 	}
 	if os.Geteuid() != 0 {
 		return errors.New("tierfs mount must run as root (it mounts with allow_other and uses kernel passthrough and file handles)")
+	}
+	// A CPU profile of the whole mount, for performance work.
+	if p := os.Getenv("TIERFS_CPUPROFILE"); p != "" {
+		f, err := os.Create(p)
+		if err != nil {
+			return err
+		}
+		if err := pprof.StartCPUProfile(f); err != nil {
+			return err
+		}
+		defer func() { pprof.StopCPUProfile(); f.Close() }()
 	}
 	var tierer *tiering.Tierer
 	var tier fs.Tiering

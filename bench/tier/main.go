@@ -1,0 +1,357 @@
+// Command tier measures reads of an evicted segment through a tierfs
+// mount against versitygw on loopback, in one run: cold sequential read
+// (page cache dropped, tierfs chunk cache off) next to raw ranged GETs of
+// the same object and to s3fs and rclone mounts of it; first byte at a
+// random offset; ls -l of a partition with 10,000 segments.
+//
+//	go run ./bench/tier -tierfs bin/tierfs -size 1GiB -runs 3
+package main
+
+import (
+	"context"
+	"flag"
+	"fmt"
+	"io"
+	"math/rand/v2"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"slices"
+	"strconv"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"syscall"
+	"time"
+
+	"github.com/aws/aws-sdk-go-v2/aws"
+	"github.com/aws/aws-sdk-go-v2/service/s3"
+	"golang.org/x/sys/unix"
+
+	"github.com/tierfs/tierfs/chunkxfer"
+	"github.com/tierfs/tierfs/chunkxfer/store"
+	"github.com/tierfs/tierfs/chunkxfer/store/s3test"
+	"github.com/tierfs/tierfs/idx/kafka/kafkatest"
+)
+
+const chunk = 8 << 20
+
+func main() {
+	bin := flag.String("tierfs", "bin/tierfs", "tierfs binary")
+	sizeFlag := flag.String("size", "1GiB", "evicted segment size")
+	runs := flag.Int("runs", 3, "runs of each measurement")
+	segments := flag.Int("ls-segments", 10000, "segments in the partition listed by ls -l")
+	flag.Parse()
+	size := mustSize(*sizeFlag)
+	tierfsBin, err := filepath.Abs(*bin)
+	check(err)
+	dir, err := os.MkdirTemp("", "bench-tier-")
+	check(err)
+	defer os.RemoveAll(dir)
+
+	srv, err := s3test.Start(filepath.Join(dir, "s3"))
+	check(err)
+	defer srv.Stop()
+	ctx := context.Background()
+	st, err := srv.NewStore(ctx, "bench", "")
+	check(err)
+	srvOpts = srv.Options("bench", "")
+	client, bucket, _ := st.Client()
+
+	backing, mnt := filepath.Join(dir, "backing"), filepath.Join(dir, "mnt")
+	check(os.MkdirAll(mnt, 0o755))
+	// One partition: a big rolled segment and a small active one.
+	// Half the batches are gzip-compressed (kafkatest's pattern), which
+	// shrinks their repeated-byte values: about 8.4 KB a batch on disk.
+	batches := int(size / 8400)
+	_, err = kafkatest.LogDir{Topic: "big", Partitions: 1, Segments: 2, Batches: batches, Records: 16, ValueSize: 1024, Age: time.Hour}.Write(backing)
+	check(err)
+	segPath := filepath.Join(mnt, "big-0", "00000000000000000000.log")
+	fi, err := os.Stat(filepath.Join(backing, "big-0", "00000000000000000000.log"))
+	check(err)
+	size = fi.Size()
+	mb := float64(size) / 1e6
+	// A partition of many small segments for ls -l.
+	many := filepath.Join(backing, "many-0")
+	check(os.MkdirAll(many, 0o755))
+	for i := range *segments {
+		for _, ext := range []string{".log", ".index", ".timeindex"} {
+			check(os.WriteFile(filepath.Join(many, fmt.Sprintf("%020d%s", i*1000, ext)), []byte("x"), 0o644))
+		}
+	}
+
+	env := []string{"TIERFS_S3_ACCESS_KEY=" + srv.AccessKey, "TIERFS_S3_SECRET_KEY=" + srv.SecretKey}
+	remote := "s3://bench/kafka?endpoint=" + srv.Endpoint
+	mount := func() func() {
+		cmd := exec.Command(tierfsBin, "mount", "--backing", backing, "--remote", remote, "--ship-after", "1m",
+			"--local-retention-bytes", "1", "--tier-interval", "500ms", "--cache-bytes", "1048576", mnt)
+		cmd.Env = append(os.Environ(), env...)
+		if p := os.Getenv("BENCH_TIER_CPUPROFILE"); p != "" {
+			cmd.Env = append(cmd.Env, "TIERFS_CPUPROFILE="+p)
+		}
+		logf, _ := os.Create(filepath.Join(dir, "tierfs.log"))
+		cmd.Stdout, cmd.Stderr = logf, logf
+		check(cmd.Start())
+		waitFor(func() bool { return isMount(mnt) }, 20*time.Second, "tierfs mount")
+		return func() {
+			cmd.Process.Signal(syscall.SIGTERM)
+			cmd.Wait()
+			logf.Close()
+		}
+	}
+	unmount := mount()
+	fmt.Fprintln(os.Stderr, "waiting for the segment to ship and be evicted")
+	waitFor(func() bool { return xattr(segPath, "user.tierfs.state") == "remote" }, 10*time.Minute, "eviction")
+	key := "kafka/" + xattr(segPath, "user.tierfs.rdi")
+
+	res := map[string][]float64{}
+	add := func(name string, v float64) { res[name] = append(res[name], v) }
+	var firstByte, firstGet, firstGet4k []float64
+	for run := range *runs {
+		fmt.Fprintf(os.Stderr, "run %d/%d\n", run+1, *runs)
+		// Every measurement starts with the page cache dropped, so the
+		// server reads its disk cold for each of them alike.
+		dropCaches()
+		add("raw ranged GETs, 1 stream", mb/timeIt(func() { rawGet(ctx, client, bucket, key, size, 1) }).Seconds())
+		dropCaches()
+		add("raw ranged GETs, 8 streams", mb/timeIt(func() { rawGet(ctx, client, bucket, key, size, 8) }).Seconds())
+		dropCaches()
+		add("tierfs mount, cold sequential read", mb/timeIt(func() { readFile(segPath, 1<<20) }).Seconds())
+		dropCaches()
+		add("chunkxfer.Reader alone (no FUSE), cold", mb/timeIt(func() { readerAlone(ctx, st, strings.TrimPrefix(key, "kafka/")) }).Seconds())
+		// First byte at a random offset, cold.
+		r := rand.New(rand.NewPCG(uint64(run), 9))
+		for range 5 {
+			off := r.Int64N(size - 4096)
+			dropCaches()
+			firstByte = append(firstByte, timeIt(func() { preadOnce(segPath, off) }).Seconds()*1000)
+			dropCaches()
+			firstGet = append(firstGet, timeIt(func() { rawGetRange(ctx, client, bucket, key, off/chunk*chunk, min(chunk, size-off/chunk*chunk)) }).Seconds()*1000)
+			dropCaches()
+			firstGet4k = append(firstGet4k, timeIt(func() { rawGetRange(ctx, client, bucket, key, off, 4096) }).Seconds()*1000)
+		}
+	}
+	// ls -l of 10,000 segments (30,000 files), through the mount and native.
+	var lsMount, lsNative []float64
+	for range *runs {
+		lsMount = append(lsMount, timeIt(func() { run("ls", "-l", filepath.Join(mnt, "many-0")) }).Seconds())
+		lsNative = append(lsNative, timeIt(func() { run("ls", "-l", many) }).Seconds())
+	}
+	unmount()
+
+	// s3fs and rclone on the same object.
+	passwd := filepath.Join(dir, "passwd-s3fs")
+	check(os.WriteFile(passwd, []byte(srv.AccessKey+":"+srv.SecretKey), 0o600))
+	s3fsMnt := filepath.Join(dir, "s3fs")
+	check(os.MkdirAll(s3fsMnt, 0o755))
+	if err := exec.Command("s3fs", "bench", s3fsMnt, "-o", "url="+srv.Endpoint, "-o", "use_path_request_style", "-o", "passwd_file="+passwd).Run(); err != nil {
+		fmt.Fprintln(os.Stderr, "s3fs:", err)
+	} else {
+		if !tryWait(func() bool { return isMount(s3fsMnt) }, 20*time.Second) {
+			fmt.Fprintln(os.Stderr, "s3fs did not mount")
+		}
+		for range *runs {
+			dropCaches()
+			add("s3fs (Debian), cold sequential read", mb/timeIt(func() { readFile(filepath.Join(s3fsMnt, key), 1<<20) }).Seconds())
+		}
+		exec.Command("umount", s3fsMnt).Run()
+	}
+	rcloneMnt := filepath.Join(dir, "rclone")
+	check(os.MkdirAll(rcloneMnt, 0o755))
+	rc := exec.Command("rclone", "mount", "vgw:bench", rcloneMnt, "--read-only", "--vfs-cache-mode", "off")
+	// rclone 1.60 cannot load AWS_CA_BUNDLE with its own transport
+	// ("unsupported transport"), and the endpoint is plain HTTP anyway.
+	var rcEnv []string
+	for _, e := range os.Environ() {
+		if !strings.HasPrefix(e, "AWS_CA_BUNDLE=") {
+			rcEnv = append(rcEnv, e)
+		}
+	}
+	rc.Env = append(rcEnv, "RCLONE_CONFIG_VGW_TYPE=s3", "RCLONE_CONFIG_VGW_PROVIDER=Other",
+		"RCLONE_CONFIG_VGW_ACCESS_KEY_ID="+srv.AccessKey, "RCLONE_CONFIG_VGW_SECRET_ACCESS_KEY="+srv.SecretKey,
+		"RCLONE_CONFIG_VGW_ENDPOINT="+srv.Endpoint, "RCLONE_CONFIG_VGW_FORCE_PATH_STYLE=true")
+	rcLog, _ := os.Create(filepath.Join(dir, "rclone.log"))
+	rc.Stdout, rc.Stderr = rcLog, rcLog
+	if err := rc.Start(); err != nil {
+		fmt.Fprintln(os.Stderr, "rclone:", err)
+	} else if !tryWait(func() bool { return isMount(rcloneMnt) }, 20*time.Second) {
+		b, _ := os.ReadFile(filepath.Join(dir, "rclone.log"))
+		fmt.Fprintf(os.Stderr, "rclone mount did not come up:\n%s\n", b)
+		rc.Process.Kill()
+		rc.Wait()
+	} else {
+		for range *runs {
+			dropCaches()
+			add("rclone mount (Debian), cold sequential read", mb/timeIt(func() { readFile(filepath.Join(rcloneMnt, key), 1<<20) }).Seconds())
+		}
+		exec.Command("umount", rcloneMnt).Run()
+		rc.Process.Signal(syscall.SIGTERM)
+		rc.Wait()
+	}
+
+	fmt.Printf("versitygw v1.8.0 on 127.0.0.1; evicted segment of %.0f MB; medians of %d runs (first byte: of %d samples)\n", mb, *runs, len(firstByte))
+	raw := median(res["raw ranged GETs, 1 stream"])
+	fmt.Printf("%-44s %8s %12s\n", "", "MB/s", "× raw 1 GET")
+	for _, name := range []string{"raw ranged GETs, 1 stream", "raw ranged GETs, 8 streams", "chunkxfer.Reader alone (no FUSE), cold", "tierfs mount, cold sequential read", "s3fs (Debian), cold sequential read", "rclone mount (Debian), cold sequential read"} {
+		if len(res[name]) == 0 {
+			continue
+		}
+		fmt.Printf("%-44s %8.0f %12.2f\n", name, median(res[name]), median(res[name])/raw)
+	}
+	fmt.Printf("first byte at a random offset through the mount: %.1f ms; one raw GET of its 8 MiB chunk %.1f ms (× %.2f); of 4 KiB %.1f ms\n",
+		median(firstByte), median(firstGet), median(firstByte)/median(firstGet), median(firstGet4k))
+	fmt.Printf("ls -l of %d segments (%d files): mount %.3f s, native %.3f s (× %.2f)\n", *segments, 3**segments, median(lsMount), median(lsNative), median(lsMount)/median(lsNative))
+}
+
+func readFile(path string, bs int) {
+	f, err := os.Open(path)
+	check(err)
+	defer f.Close()
+	buf := make([]byte, bs)
+	for {
+		_, err := f.Read(buf)
+		if err == io.EOF {
+			return
+		}
+		check(err)
+	}
+}
+
+func preadOnce(path string, off int64) {
+	f, err := os.Open(path)
+	check(err)
+	defer f.Close()
+	buf := make([]byte, 1)
+	_, err = f.ReadAt(buf, off)
+	check(err)
+}
+
+func rawGetRange(ctx context.Context, c *s3.Client, bucket, key string, off, n int64) {
+	out, err := c.GetObject(ctx, &s3.GetObjectInput{Bucket: &bucket, Key: &key, Range: aws.String(fmt.Sprintf("bytes=%d-%d", off, off+n-1))})
+	check(err)
+	_, err = io.Copy(io.Discard, out.Body)
+	out.Body.Close()
+	check(err)
+}
+
+func rawGet(ctx context.Context, c *s3.Client, bucket, key string, size int64, streams int) {
+	n := (size + chunk - 1) / chunk
+	var next atomic.Int64
+	var wg sync.WaitGroup
+	for range streams {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for {
+				i := next.Add(1) - 1
+				if i >= n {
+					return
+				}
+				rawGetRange(ctx, c, bucket, key, i*chunk, min(chunk, size-i*chunk))
+			}
+		}()
+	}
+	wg.Wait()
+}
+
+func xattr(path, name string) string {
+	buf := make([]byte, 1024)
+	n, err := unix.Getxattr(path, name, buf)
+	if err != nil {
+		return ""
+	}
+	return string(buf[:n])
+}
+
+func isMount(p string) bool {
+	b, _ := os.ReadFile("/proc/self/mountinfo")
+	return strings.Contains(string(b), " "+p+" ")
+}
+
+func dropCaches() {
+	unix.Sync()
+	os.WriteFile("/proc/sys/vm/drop_caches", []byte("3"), 0)
+}
+
+func run(name string, args ...string) {
+	cmd := exec.Command(name, args...)
+	cmd.Stdout = io.Discard
+	check(cmd.Run())
+}
+
+func waitFor(cond func() bool, d time.Duration, what string) {
+	if !tryWait(cond, d) {
+		check(fmt.Errorf("%s: not ready after %v", what, d))
+	}
+}
+
+func tryWait(cond func() bool, d time.Duration) bool {
+	deadline := time.Now().Add(d)
+	for !cond() {
+		if time.Now().After(deadline) {
+			return false
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+	return true
+}
+
+func timeIt(fn func()) time.Duration {
+	t0 := time.Now()
+	fn()
+	return time.Since(t0)
+}
+
+func median(xs []float64) float64 {
+	if len(xs) == 0 {
+		return 0
+	}
+	s := slices.Clone(xs)
+	slices.Sort(s)
+	return s[len(s)/2]
+}
+
+func mustSize(s string) int64 {
+	mult := int64(1)
+	for suf, m := range map[string]int64{"KiB": 1 << 10, "MiB": 1 << 20, "GiB": 1 << 30} {
+		if strings.HasSuffix(s, suf) {
+			s, mult = strings.TrimSuffix(s, suf), m
+		}
+	}
+	n, err := strconv.ParseInt(s, 10, 64)
+	if err != nil || n <= 0 {
+		check(fmt.Errorf("bad size %q", s))
+	}
+	return n * mult
+}
+
+func check(err error) {
+	if err != nil {
+		fmt.Fprintln(os.Stderr, "bench-tier:", err)
+		os.Exit(1)
+	}
+}
+
+// readerAlone reads the object with chunkxfer's Reader as tierfs does,
+// without FUSE in between (the store has the bucket root; tierfs's
+// objects are under the kafka/ prefix).
+func readerAlone(ctx context.Context, st *store.S3, key string) {
+	ps, err := store.NewS3(ctx, func() store.S3Options { o := srvOpts; o.Prefix = "kafka/"; return o }())
+	check(err)
+	cache, err := chunkxfer.NewCache(1 << 20)
+	check(err)
+	defer cache.Close()
+	r, err := chunkxfer.NewReader(ctx, ps, key, cache, chunkxfer.ReaderOptions{ReadAhead: 4})
+	check(err)
+	defer r.Close()
+	buf := make([]byte, 1<<20)
+	for off := int64(0); off < r.Size(); {
+		n, err := r.ReadAt(buf, off)
+		if err != nil && err != io.EOF {
+			check(err)
+		}
+		off += int64(n)
+	}
+}
+
+var srvOpts store.S3Options
