@@ -502,8 +502,21 @@ func (t *Tierer) Evict(path string) error {
 	if !has || rec.State != StateShipped {
 		return fmt.Errorf("%s is not shipped", path)
 	}
-	if _, err := t.loadManifest(rec); err != nil {
+	m, err := t.loadManifest(rec)
+	if err != nil {
 		return fmt.Errorf("no usable manifest, not freeing local bytes: %w", err)
+	}
+	// The copy was verified when it shipped; it must still be there,
+	// unchanged, now.
+	hctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	info, err := t.cfg.Store.Head(hctx, rec.Key)
+	cancel()
+	if err != nil || info.ETag != m.ETag || info.Size != m.Size {
+		if errors.Is(err, store.ErrNotFound) || err == nil {
+			// Gone or replaced: forget the copy; the segment ships again.
+			unix.Removexattr(path, recordXattr)
+		}
+		return fmt.Errorf("remote copy %s is not the one shipped (%v), not freeing local bytes", rec.Key, err)
 	}
 	// Under the gate no read or write of the file is under way, so the
 	// identity checked here is what gets freed.

@@ -244,3 +244,26 @@ func TestEligibility(t *testing.T) {
 func kafkaName(base int64, ext string) string {
 	return strings.TrimSuffix(filepath.Base(sidecar(Segment{Path: "/x/y", Base: base}, ".log")), ".log") + ext
 }
+
+// TestEvictChecksTheCopyIsStillThere: a shipped segment whose object
+// vanished from the store is not freed; it ships again.
+func TestEvictChecksTheCopyIsStillThere(t *testing.T) {
+	root, bases, _ := logDir(t)
+	s := store.NewMem(nil)
+	tr := newTierer(t, root, s, 0)
+	tr.RunOnce(context.Background())
+	path := filepath.Join(root, "orders-0", kafkaName(bases["orders-0"][0], ".log"))
+	rec, _, _ := readRecord(path, -1)
+	if err := s.Delete(context.Background(), rec.Key); err != nil {
+		t.Fatal(err)
+	}
+	if err := tr.Evict(path); err == nil {
+		t.Fatal("evicted with the remote copy gone")
+	}
+	if st, _, _ := tr.State(path); st != StateLocal {
+		t.Fatalf("state %s", st)
+	}
+	if rep := tr.RunOnce(context.Background()); rep.Shipped != 1 {
+		t.Fatalf("not shipped again: %+v", rep)
+	}
+}
