@@ -164,6 +164,33 @@ func (r *Reader) ReadAtContext(ctx context.Context, p []byte, off int64) (int, e
 	return n, nil
 }
 
+// Slice returns up to n bytes at off without copying when they lie in
+// one chunk: a slice of the verified chunk, which is never written again
+// (callers must not write to it either). ok is false when the range
+// spans chunks; use ReadAt then.
+func (r *Reader) Slice(ctx context.Context, off int64, n int) (b []byte, ok bool, err error) {
+	if off < 0 || off >= r.m.Size || n <= 0 {
+		return nil, false, nil
+	}
+	i := int(off / r.m.ChunkSize)
+	lo := off - int64(i)*r.m.ChunkSize
+	end := min(off+int64(n), r.m.Size)
+	if int((end-1)/r.m.ChunkSize) != i {
+		return nil, false, nil
+	}
+	last := r.lastEnd.Load()
+	sequential := last >= 0 && off >= last-r.m.ChunkSize && off <= last+r.m.ChunkSize
+	chunk, err := r.chunk(ctx, i)
+	if err != nil {
+		return nil, true, err
+	}
+	r.lastEnd.Store(end)
+	if sequential || off == 0 {
+		r.readAhead(int(end / r.m.ChunkSize))
+	}
+	return chunk[lo : lo+(end-off)], true, nil
+}
+
 // windowGet returns chunk i if it is in the window.
 func (r *Reader) windowGet(i int) ([]byte, bool) {
 	r.winMu.Lock()

@@ -330,6 +330,13 @@ func TestReaderRandomReads(t *testing.T) {
 				if gn != wn || (gerr == nil) != (werr == nil) || !bytes.Equal(got[:gn], want[:wn]) {
 					t.Fatalf("ReadAt(%d, %d): %d %v, file gives %d %v", n, off, gn, gerr, wn, werr)
 				}
+				if sl, ok, err := rd.Slice(ctx, off, int(n)); ok {
+					if err != nil || !bytes.Equal(sl, want[:wn]) {
+						t.Fatalf("Slice(%d, %d): %d bytes, %v; file gives %d", off, n, len(sl), err, wn)
+					}
+				} else if n > 0 && off < size && (off/cs == (min(off+n, size)-1)/cs) {
+					t.Fatalf("Slice(%d, %d) refused a range within one chunk", off, n)
+				}
 			}
 		})
 	}
