@@ -3,6 +3,7 @@ package e2e
 import (
 	"context"
 	"crypto/sha256"
+	"encoding/json"
 	"fmt"
 	"math/rand/v2"
 	"os"
@@ -113,7 +114,7 @@ func checkNothingLost(t *testing.T, backing string, st store.Store, before map[s
 			State, Key, ETag string
 		}
 		if err == nil {
-			if err := jsonUnmarshal(buf[:n], &rec); err != nil {
+			if err := json.Unmarshal(buf[:n], &rec); err != nil {
 				t.Errorf("%s: bad state %q", rel, buf[:n])
 				continue
 			}

@@ -37,17 +37,11 @@ type Record struct {
 	Freed bool `json:"freed,omitempty"`
 }
 
-// readRecord reads the record of the file at path (or of fd when path is
-// empty); ok is false for a local file.
-func readRecord(path string, fd int) (Record, bool, error) {
+// readRecord reads the record of the file at path; ok is false for a
+// local file.
+func readRecord(path string) (Record, bool, error) {
 	buf := make([]byte, 4096)
-	var n int
-	var err error
-	if path != "" {
-		n, err = unix.Getxattr(path, recordXattr, buf)
-	} else {
-		n, err = unix.Fgetxattr(fd, recordXattr, buf)
-	}
+	n, err := unix.Getxattr(path, recordXattr, buf)
 	if errors.Is(err, unix.ENODATA) {
 		return Record{}, false, nil
 	}

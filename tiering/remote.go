@@ -33,7 +33,7 @@ func (t *Tierer) RLock(ino uint64) func() { return t.cfg.Gate.RLock(ino) }
 
 // State is the state and RDI of the file at path.
 func (t *Tierer) State(path string) (state, rdi string, err error) {
-	rec, has, err := readRecord(path, -1)
+	rec, has, err := readRecord(path)
 	if err != nil {
 		return "", "", err
 	}
@@ -52,7 +52,7 @@ func (t *Tierer) OpenRemote(path string) (interface {
 	ReadAt(p []byte, off int64) (int, error)
 	Close() error
 }, error) {
-	rec, _, err := readRecord(path, -1)
+	rec, _, err := readRecord(path)
 	if err != nil {
 		return nil, err
 	}

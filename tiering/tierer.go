@@ -3,6 +3,7 @@ package tiering
 import (
 	"bytes"
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"hash/fnv"
@@ -183,7 +184,7 @@ func (t *Tierer) shipPartition(ctx context.Context, p Partition, cp Checkpoints,
 	rep := Report{Waiting: map[string]int{}}
 	blocked := ""
 	for _, seg := range p.Segments {
-		rec, has, err := readRecord(seg.Path, -1)
+		rec, has, err := readRecord(seg.Path)
 		if err != nil {
 			rep.Errors = append(rep.Errors, err)
 			blocked = "an earlier segment failed"
@@ -336,7 +337,7 @@ func fileExists(p string) bool {
 }
 
 func writeManifestCopy(path string, m *chunkxfer.Manifest) error {
-	b, err := jsonMarshal(m)
+	b, err := json.Marshal(m)
 	if err != nil {
 		return err
 	}
@@ -456,7 +457,7 @@ func (t *Tierer) evictUnderRetention(ctx context.Context, parts []Partition, now
 		var shipped []cand
 		var local int64
 		for _, seg := range p.Segments {
-			rec, has, err := readRecord(seg.Path, -1)
+			rec, has, err := readRecord(seg.Path)
 			if err != nil {
 				errs = append(errs, err)
 				continue
@@ -495,7 +496,7 @@ func (t *Tierer) Evict(path string) error {
 		return nil
 	}
 	defer t.release(path)
-	rec, has, err := readRecord(path, -1)
+	rec, has, err := readRecord(path)
 	if err != nil {
 		return err
 	}

@@ -149,7 +149,7 @@ func TestEvictFinishesAfterCrash(t *testing.T) {
 		t.Fatalf("report %+v", rep)
 	}
 	path := filepath.Join(root, "orders-1", kafkaName(bases["orders-1"][0], ".log"))
-	rec, _, _ := readRecord(path, -1)
+	rec, _, _ := readRecord(path)
 	rec.State = StateRemote
 	if err := writeRecord(path, rec); err != nil {
 		t.Fatal(err)
@@ -253,7 +253,7 @@ func TestEvictChecksTheCopyIsStillThere(t *testing.T) {
 	tr := newTierer(t, root, s, 0)
 	tr.RunOnce(context.Background())
 	path := filepath.Join(root, "orders-0", kafkaName(bases["orders-0"][0], ".log"))
-	rec, _, _ := readRecord(path, -1)
+	rec, _, _ := readRecord(path)
 	if err := s.Delete(context.Background(), rec.Key); err != nil {
 		t.Fatal(err)
 	}

@@ -9,11 +9,9 @@ import (
 	"bufio"
 	"flag"
 	"fmt"
+	"github.com/tierfs/tierfs/bench/internal/benchutil"
 	"os"
 	"os/exec"
-	"slices"
-	"strconv"
-	"strings"
 	"time"
 
 	"github.com/tierfs/tierfs/idx"
@@ -28,7 +26,7 @@ func main() {
 	recSize := flag.Int("record", 1024, "record value size")
 	perBatch := flag.Int("batch", 16, "records per batch")
 	flag.Parse()
-	size, err := parseSize(*sizeFlag)
+	size, err := benchutil.ParseSize(*sizeFlag)
 	if err != nil {
 		fail(err)
 	}
@@ -93,10 +91,10 @@ func main() {
 	}
 	fmt.Printf("segment %s: %.0f MB, %d-byte records, %d per batch; medians of %d runs, page cache warm\n", path, mb, *recSize, *perBatch, *runs)
 	fmt.Printf("%-28s %10s %10s\n", "measurement", "MB/s", "vs cat")
-	catMed := median(times["cat"])
+	catMed := benchutil.Median(times["cat"])
 	labels := map[string]string{"cat": "cat > /dev/null", "headers": "scan, headers only", "crc": "scan, with CRC32C", "chunk": "chunker (CRC, 8 MiB chunks)"}
 	for _, name := range order {
-		m := median(times[name])
+		m := benchutil.Median(times[name])
 		fmt.Printf("%-28s %10.0f %10.2f\n", labels[name], mb/m, catMed/m)
 	}
 }
@@ -141,26 +139,6 @@ func writeSegment(path string, size int64, recSize, perBatch int) error {
 		return err
 	}
 	return f.Close()
-}
-
-func median(xs []float64) float64 {
-	s := slices.Clone(xs)
-	slices.Sort(s)
-	return s[len(s)/2]
-}
-
-func parseSize(s string) (int64, error) {
-	mult := int64(1)
-	for suf, m := range map[string]int64{"KiB": 1 << 10, "MiB": 1 << 20, "GiB": 1 << 30} {
-		if strings.HasSuffix(s, suf) {
-			s, mult = strings.TrimSuffix(s, suf), m
-		}
-	}
-	n, err := strconv.ParseInt(s, 10, 64)
-	if err != nil || n <= 0 {
-		return 0, fmt.Errorf("bad size %q", s)
-	}
-	return n * mult, nil
 }
 
 func fail(err error) {

@@ -11,13 +11,12 @@ import (
 	"context"
 	"flag"
 	"fmt"
+	"github.com/tierfs/tierfs/bench/internal/benchutil"
 	"io"
 	"math/rand/v2"
 	"os"
 	"os/exec"
 	"path/filepath"
-	"slices"
-	"strconv"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -42,7 +41,8 @@ func main() {
 	runs := flag.Int("runs", 3, "runs of each measurement")
 	segments := flag.Int("ls-segments", 10000, "segments in the partition listed by ls -l")
 	flag.Parse()
-	size := mustSize(*sizeFlag)
+	size, err := benchutil.ParseSize(*sizeFlag)
+	check(err)
 	tierfsBin, err := filepath.Abs(*bin)
 	check(err)
 	dir, err := os.MkdirTemp("", "bench-tier-")
@@ -190,17 +190,17 @@ func main() {
 	}
 
 	fmt.Printf("versitygw v1.8.0 on 127.0.0.1; evicted segment of %.0f MB; medians of %d runs (first byte: of %d samples)\n", mb, *runs, len(firstByte))
-	raw := median(res["raw ranged GETs, 1 stream"])
+	raw := benchutil.Median(res["raw ranged GETs, 1 stream"])
 	fmt.Printf("%-44s %8s %12s\n", "", "MB/s", "× raw 1 GET")
 	for _, name := range []string{"raw ranged GETs, 1 stream", "raw ranged GETs, 8 streams", "chunkxfer.Reader alone (no FUSE), cold", "tierfs mount, cold sequential read", "s3fs (Debian), cold sequential read", "rclone mount (Debian), cold sequential read"} {
 		if len(res[name]) == 0 {
 			continue
 		}
-		fmt.Printf("%-44s %8.0f %12.2f\n", name, median(res[name]), median(res[name])/raw)
+		fmt.Printf("%-44s %8.0f %12.2f\n", name, benchutil.Median(res[name]), benchutil.Median(res[name])/raw)
 	}
 	fmt.Printf("first byte at a random offset through the mount: %.1f ms; one raw GET of its 8 MiB chunk %.1f ms (× %.2f); of 4 KiB %.1f ms\n",
-		median(firstByte), median(firstGet), median(firstByte)/median(firstGet), median(firstGet4k))
-	fmt.Printf("ls -l of %d segments (%d files): mount %.3f s, native %.3f s (× %.2f)\n", *segments, 3**segments, median(lsMount), median(lsNative), median(lsMount)/median(lsNative))
+		benchutil.Median(firstByte), benchutil.Median(firstGet), benchutil.Median(firstByte)/benchutil.Median(firstGet), benchutil.Median(firstGet4k))
+	fmt.Printf("ls -l of %d segments (%d files): mount %.3f s, native %.3f s (× %.2f)\n", *segments, 3**segments, benchutil.Median(lsMount), benchutil.Median(lsNative), benchutil.Median(lsMount)/benchutil.Median(lsNative))
 }
 
 func readFile(path string, bs int) {
@@ -300,29 +300,6 @@ func timeIt(fn func()) time.Duration {
 	t0 := time.Now()
 	fn()
 	return time.Since(t0)
-}
-
-func median(xs []float64) float64 {
-	if len(xs) == 0 {
-		return 0
-	}
-	s := slices.Clone(xs)
-	slices.Sort(s)
-	return s[len(s)/2]
-}
-
-func mustSize(s string) int64 {
-	mult := int64(1)
-	for suf, m := range map[string]int64{"KiB": 1 << 10, "MiB": 1 << 20, "GiB": 1 << 30} {
-		if strings.HasSuffix(s, suf) {
-			s, mult = strings.TrimSuffix(s, suf), m
-		}
-	}
-	n, err := strconv.ParseInt(s, 10, 64)
-	if err != nil || n <= 0 {
-		check(fmt.Errorf("bad size %q", s))
-	}
-	return n * mult
 }
 
 func check(err error) {

@@ -11,15 +11,13 @@ import (
 	"context"
 	"flag"
 	"fmt"
+	"github.com/tierfs/tierfs/bench/internal/benchutil"
 	"io"
 	"math/rand/v2"
 	"os"
 	"path/filepath"
 	"runtime"
 	"runtime/pprof"
-	"slices"
-	"strconv"
-	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -44,7 +42,7 @@ func main() {
 	workdir := flag.String("dir", "", "work directory (default a temporary one, removed after)")
 	cpuprofile := flag.String("cpuprofile", "", "write a CPU profile of the Reader runs here")
 	flag.Parse()
-	size, err := parseSize(*sizeFlag)
+	size, err := benchutil.ParseSize(*sizeFlag)
 	check(err)
 	dir := *workdir
 	if dir == "" {
@@ -115,14 +113,14 @@ func main() {
 		"Reader, sequential 1 MiB reads": "raw ranged GET, 1 stream",
 	}
 	for _, name := range []string{"raw multipart PUT", "Uploader", "raw ranged GET, 1 stream", "raw ranged GET, 8 streams", "raw GET, 8 streams, to file+fsync", "Downloader, 8 streams", "Reader, sequential 1 MiB reads"} {
-		m := median(res[name])
+		m := benchutil.Median(res[name])
 		ratio := ""
 		if l, ok := limits[name]; ok {
-			ratio = fmt.Sprintf("%.2f", m/median(res[l]))
+			ratio = fmt.Sprintf("%.2f", m/benchutil.Median(res[l]))
 		}
 		fmt.Printf("%-34s %8.0f %8s\n", name, m, ratio)
 	}
-	fmt.Printf("reader peak heap %.0f MiB (median; cache %d MiB, read-ahead %d × %d MiB)\n", median(peakHeap), *cacheMiB, *readAhead, chunk>>20)
+	fmt.Printf("reader peak heap %.0f MiB (median; cache %d MiB, read-ahead %d × %d MiB)\n", benchutil.Median(peakHeap), *cacheMiB, *readAhead, chunk>>20)
 }
 
 func rawPut(ctx context.Context, c *s3.Client, bucket, key, path string, size int64, parallel int) {
@@ -259,26 +257,6 @@ func timeIt(fn func()) time.Duration {
 	t0 := time.Now()
 	fn()
 	return time.Since(t0)
-}
-
-func median(xs []float64) float64 {
-	s := slices.Clone(xs)
-	slices.Sort(s)
-	return s[len(s)/2]
-}
-
-func parseSize(s string) (int64, error) {
-	mult := int64(1)
-	for suf, m := range map[string]int64{"KiB": 1 << 10, "MiB": 1 << 20, "GiB": 1 << 30} {
-		if strings.HasSuffix(s, suf) {
-			s, mult = strings.TrimSuffix(s, suf), m
-		}
-	}
-	n, err := strconv.ParseInt(s, 10, 64)
-	if err != nil || n <= 0 {
-		return 0, fmt.Errorf("bad size %q", s)
-	}
-	return n * mult, nil
 }
 
 func check(err error) {
