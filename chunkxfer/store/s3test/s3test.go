@@ -20,6 +20,7 @@ import (
 	"path/filepath"
 	"strings"
 	"sync"
+	"syscall"
 	"testing"
 	"time"
 
@@ -86,6 +87,9 @@ func Start(dir string) (*Server, error) {
 // run starts the server process and waits until it answers.
 func (s *Server) run() error {
 	s.cmd = exec.Command(s.bin, "--port", s.addr, "--access", s.AccessKey, "--secret", s.SecretKey, "posix", s.dir)
+	// The server dies with the process that started it, even when that
+	// one exits without Stop (a failed benchmark, a crashed test).
+	s.cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL}
 	logf, err := os.OpenFile(filepath.Join(filepath.Dir(s.dir), filepath.Base(s.dir)+".versitygw.log"), os.O_CREATE|os.O_WRONLY|os.O_APPEND, 0o644)
 	if err != nil {
 		return err
