@@ -205,8 +205,10 @@ func TestTierThroughMount(t *testing.T) {
 				stats[rel] = fi
 			}
 			allocBefore := allocated(t, backing)
+			// A chunk cache smaller than any chunk: every remote read goes
+			// to the store (the store-down check depends on it).
 			m := startMount(t, r.env, "--backing", backing, "--remote", r.url, "--ship-after", "1m",
-				"--local-retention-bytes", "1", "--tier-interval", "200ms", "--cache-bytes", "1048576", "--passthrough", mnt)
+				"--local-retention-bytes", "1", "--tier-interval", "200ms", "--cache-bytes", "1024", "--passthrough", mnt)
 
 			seg := func(p string, i int) string {
 				return filepath.Join(mnt, p, fmt.Sprintf("%020d.log", bases[p][i]))
