@@ -39,7 +39,25 @@ func NewDir(root string) (*Dir, error) {
 	if err := os.MkdirAll(filepath.Join(root, dirReserved, "uploads"), 0o755); err != nil {
 		return nil, err
 	}
+	removeStaleTemps(filepath.Join(root, dirReserved), time.Now().Add(-time.Hour))
 	return &Dir{root: root}, nil
+}
+
+// removeStaleTemps drops temporary files and upload directories that a
+// crashed writer left (anything in use is far younger than an hour).
+func removeStaleTemps(dir string, before time.Time) {
+	des, err := os.ReadDir(dir)
+	if err != nil {
+		return
+	}
+	for _, de := range des {
+		if !strings.HasPrefix(de.Name(), "tmp-") {
+			continue
+		}
+		if fi, err := de.Info(); err == nil && fi.ModTime().Before(before) {
+			os.RemoveAll(filepath.Join(dir, de.Name()))
+		}
+	}
 }
 
 func (d *Dir) path(key string) (string, error) {
@@ -260,11 +278,23 @@ func (d *Dir) CreateMultipart(ctx context.Context, key string) (string, error) {
 	rand.Read(b[:])
 	id := hex.EncodeToString(b[:])
 	dir, _ := d.uploadDir(id)
-	if err := os.Mkdir(dir, 0o755); err != nil {
+	// Built aside and renamed into place, so an upload is never seen
+	// without its key (a crash in between would leave one that no
+	// listing by key can find, and so none could abort).
+	tmp, err := os.MkdirTemp(filepath.Join(d.root, dirReserved), "tmp-upload-")
+	if err != nil {
 		return "", err
 	}
-	if err := os.WriteFile(filepath.Join(dir, "key"), []byte(key), 0o644); err != nil {
-		os.RemoveAll(dir)
+	if err := os.WriteFile(filepath.Join(tmp, "key"), []byte(key), 0o644); err != nil {
+		os.RemoveAll(tmp)
+		return "", err
+	}
+	if err := syncPath(filepath.Join(tmp, "key")); err != nil {
+		os.RemoveAll(tmp)
+		return "", err
+	}
+	if err := os.Rename(tmp, dir); err != nil {
+		os.RemoveAll(tmp)
 		return "", err
 	}
 	if err := syncPath(filepath.Dir(dir)); err != nil {

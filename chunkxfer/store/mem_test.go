@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"errors"
+	"os"
 	"strings"
 	"testing"
 	"time"
@@ -81,5 +82,27 @@ func TestOpen(t *testing.T) {
 	}
 	if str := (S3Options{Bucket: "b", AccessKey: "AKIAEXAMPLE", SecretKey: "TOPSECRET"}).String(); strings.Contains(str, "TOPSECRET") || strings.Contains(str, "AKIAEXAMPLE") {
 		t.Fatalf("options print a credential: %s", str)
+	}
+}
+
+func TestDirRemovesStaleTemps(t *testing.T) {
+	root := t.TempDir() + "/remote"
+	if _, err := NewDir(root); err != nil {
+		t.Fatal(err)
+	}
+	old := root + "/" + dirReserved + "/tmp-upload-old"
+	fresh := root + "/" + dirReserved + "/tmp-fresh"
+	os.MkdirAll(old, 0o755)
+	os.WriteFile(fresh, nil, 0o644)
+	then := time.Now().Add(-2 * time.Hour)
+	os.Chtimes(old, then, then)
+	if _, err := NewDir(root); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := os.Stat(old); err == nil {
+		t.Error("a crashed writer's temporary upload dir was kept")
+	}
+	if _, err := os.Stat(fresh); err != nil {
+		t.Error("a fresh temporary file was removed")
 	}
 }
