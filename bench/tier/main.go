@@ -18,8 +18,6 @@ import (
 	"os/exec"
 	"path/filepath"
 	"strings"
-	"sync"
-	"sync/atomic"
 	"syscall"
 	"time"
 
@@ -112,30 +110,30 @@ func main() {
 		// Every measurement starts with the page cache dropped, so the
 		// server reads its disk cold for each of them alike.
 		dropCaches()
-		add("raw ranged GETs, 1 stream", mb/timeIt(func() { rawGet(ctx, client, bucket, key, size, 1) }).Seconds())
+		add("raw ranged GETs, 1 stream", mb/benchutil.Time(func() { rawGet(ctx, client, bucket, key, size, 1) }).Seconds())
 		dropCaches()
-		add("raw ranged GETs, 8 streams", mb/timeIt(func() { rawGet(ctx, client, bucket, key, size, 8) }).Seconds())
+		add("raw ranged GETs, 8 streams", mb/benchutil.Time(func() { rawGet(ctx, client, bucket, key, size, 8) }).Seconds())
 		dropCaches()
-		add("tierfs mount, cold sequential read", mb/timeIt(func() { readFile(segPath, 1<<20) }).Seconds())
+		add("tierfs mount, cold sequential read", mb/benchutil.Time(func() { readFile(segPath, 1<<20) }).Seconds())
 		dropCaches()
-		add("chunkxfer.Reader alone (no FUSE), cold", mb/timeIt(func() { readerAlone(ctx, st, strings.TrimPrefix(key, "kafka/")) }).Seconds())
+		add("chunkxfer.Reader alone (no FUSE), cold", mb/benchutil.Time(func() { readerAlone(ctx, st, strings.TrimPrefix(key, "kafka/")) }).Seconds())
 		// First byte at a random offset, cold.
 		r := rand.New(rand.NewPCG(uint64(run), 9))
 		for range 5 {
 			off := r.Int64N(size - 4096)
 			dropCaches()
-			firstByte = append(firstByte, timeIt(func() { preadOnce(segPath, off) }).Seconds()*1000)
+			firstByte = append(firstByte, benchutil.Time(func() { preadOnce(segPath, off) }).Seconds()*1000)
 			dropCaches()
-			firstGet = append(firstGet, timeIt(func() { rawGetRange(ctx, client, bucket, key, off/chunk*chunk, min(chunk, size-off/chunk*chunk)) }).Seconds()*1000)
+			firstGet = append(firstGet, benchutil.Time(func() { rawGetRange(ctx, client, bucket, key, off/chunk*chunk, min(chunk, size-off/chunk*chunk)) }).Seconds()*1000)
 			dropCaches()
-			firstGet4k = append(firstGet4k, timeIt(func() { rawGetRange(ctx, client, bucket, key, off, 4096) }).Seconds()*1000)
+			firstGet4k = append(firstGet4k, benchutil.Time(func() { rawGetRange(ctx, client, bucket, key, off, 4096) }).Seconds()*1000)
 		}
 	}
 	// ls -l of 10,000 segments (30,000 files), through the mount and native.
 	var lsMount, lsNative []float64
 	for range *runs {
-		lsMount = append(lsMount, timeIt(func() { run("ls", "-l", filepath.Join(mnt, "many-0")) }).Seconds())
-		lsNative = append(lsNative, timeIt(func() { run("ls", "-l", many) }).Seconds())
+		lsMount = append(lsMount, benchutil.Time(func() { run("ls", "-l", filepath.Join(mnt, "many-0")) }).Seconds())
+		lsNative = append(lsNative, benchutil.Time(func() { run("ls", "-l", many) }).Seconds())
 	}
 	unmount()
 
@@ -152,7 +150,7 @@ func main() {
 		}
 		for range *runs {
 			dropCaches()
-			add("s3fs (Debian), cold sequential read", mb/timeIt(func() { readFile(filepath.Join(s3fsMnt, key), 1<<20) }).Seconds())
+			add("s3fs (Debian), cold sequential read", mb/benchutil.Time(func() { readFile(filepath.Join(s3fsMnt, key), 1<<20) }).Seconds())
 		}
 		exec.Command("umount", s3fsMnt).Run()
 	}
@@ -182,7 +180,7 @@ func main() {
 	} else {
 		for range *runs {
 			dropCaches()
-			add("rclone mount (Debian), cold sequential read", mb/timeIt(func() { readFile(filepath.Join(rcloneMnt, key), 1<<20) }).Seconds())
+			add("rclone mount (Debian), cold sequential read", mb/benchutil.Time(func() { readFile(filepath.Join(rcloneMnt, key), 1<<20) }).Seconds())
 		}
 		exec.Command("umount", rcloneMnt).Run()
 		rc.Process.Signal(syscall.SIGTERM)
@@ -235,23 +233,7 @@ func rawGetRange(ctx context.Context, c *s3.Client, bucket, key string, off, n i
 }
 
 func rawGet(ctx context.Context, c *s3.Client, bucket, key string, size int64, streams int) {
-	n := (size + chunk - 1) / chunk
-	var next atomic.Int64
-	var wg sync.WaitGroup
-	for range streams {
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			for {
-				i := next.Add(1) - 1
-				if i >= n {
-					return
-				}
-				rawGetRange(ctx, c, bucket, key, i*chunk, min(chunk, size-i*chunk))
-			}
-		}()
-	}
-	wg.Wait()
+	check(benchutil.RawGet(ctx, c, bucket, key, size, chunk, streams, nil))
 }
 
 func xattr(path, name string) string {
@@ -294,12 +276,6 @@ func tryWait(cond func() bool, d time.Duration) bool {
 		time.Sleep(50 * time.Millisecond)
 	}
 	return true
-}
-
-func timeIt(fn func()) time.Duration {
-	t0 := time.Now()
-	fn()
-	return time.Since(t0)
 }
 
 func check(err error) {

@@ -68,18 +68,18 @@ func main() {
 
 	for run := range *runs {
 		fmt.Fprintf(os.Stderr, "run %d/%d\n", run+1, *runs)
-		add("raw multipart PUT", timeIt(func() { rawPut(ctx, client, bucket, "raw", src, size, *parallel) }))
+		add("raw multipart PUT", benchutil.Time(func() { rawPut(ctx, client, bucket, "raw", src, size, *parallel) }))
 		up := &chunkxfer.Uploader{Store: st, JournalDir: filepath.Join(dir, "journal"), Parallel: *parallel}
 		key := fmt.Sprintf("ours-%d", run)
-		add("Uploader", timeIt(func() { _, err := up.Upload(ctx, src, key); check(err) }))
-		add("raw ranged GET, 1 stream", timeIt(func() { rawGet(ctx, client, bucket, key, size, 1, "") }))
-		add("raw ranged GET, 8 streams", timeIt(func() { rawGet(ctx, client, bucket, key, size, 8, "") }))
+		add("Uploader", benchutil.Time(func() { _, err := up.Upload(ctx, src, key); check(err) }))
+		add("raw ranged GET, 1 stream", benchutil.Time(func() { rawGet(ctx, client, bucket, key, size, 1, "") }))
+		add("raw ranged GET, 8 streams", benchutil.Time(func() { rawGet(ctx, client, bucket, key, size, 8, "") }))
 		rawDest := filepath.Join(dir, "rawdest")
-		add("raw GET, 8 streams, to file+fsync", timeIt(func() { rawGet(ctx, client, bucket, key, size, 8, rawDest) }))
+		add("raw GET, 8 streams, to file+fsync", benchutil.Time(func() { rawGet(ctx, client, bucket, key, size, 8, rawDest) }))
 		os.Remove(rawDest)
 		dl := &chunkxfer.Downloader{Store: st, JournalDir: filepath.Join(dir, "journal"), Parallel: 8}
 		dest := filepath.Join(dir, "dest")
-		add("Downloader, 8 streams", timeIt(func() { _, err := dl.Download(ctx, key, dest); check(err) }))
+		add("Downloader, 8 streams", benchutil.Time(func() { _, err := dl.Download(ctx, key, dest); check(err) }))
 		os.Remove(dest)
 		cache, err := chunkxfer.NewCache(*cacheMiB << 20)
 		check(err)
@@ -90,7 +90,7 @@ func main() {
 			check(err)
 			check(pprof.StartCPUProfile(pf))
 		}
-		add("Reader, sequential 1 MiB reads", timeIt(func() { readSeq(ctx, st, key, cache, *readAhead) }))
+		add("Reader, sequential 1 MiB reads", benchutil.Time(func() { readSeq(ctx, st, key, cache, *readAhead) }))
 		if *cpuprofile != "" {
 			pprof.StopCPUProfile()
 		}
@@ -158,41 +158,14 @@ func rawPut(ctx context.Context, c *s3.Client, bucket, key, path string, size in
 // rawGet fetches the object in chunk ranges with streams goroutines,
 // into dest (written at the offsets, then synced) when it is not "".
 func rawGet(ctx context.Context, c *s3.Client, bucket, key string, size int64, streams int, dest string) {
-	var f *os.File
+	var dst io.WriterAt
 	if dest != "" {
-		var err error
-		f, err = os.Create(dest)
+		f, err := os.Create(dest)
 		check(err)
 		defer func() { check(f.Sync()); check(f.Close()) }()
+		dst = f
 	}
-	n := int((size + chunk - 1) / chunk)
-	var next atomic.Int64
-	var wg sync.WaitGroup
-	for range streams {
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			buf := make([]byte, chunk)
-			for {
-				i := next.Add(1) - 1
-				if i >= int64(n) {
-					return
-				}
-				off := i * chunk
-				ln := min(chunk, size-off)
-				out, err := c.GetObject(ctx, &s3.GetObjectInput{Bucket: &bucket, Key: &key, Range: aws.String(fmt.Sprintf("bytes=%d-%d", off, off+ln-1))})
-				check(err)
-				_, err = io.ReadFull(out.Body, buf[:ln])
-				out.Body.Close()
-				check(err)
-				if f != nil {
-					_, err = f.WriteAt(buf[:ln], off)
-					check(err)
-				}
-			}
-		}()
-	}
-	wg.Wait()
+	check(benchutil.RawGet(ctx, c, bucket, key, size, chunk, streams, dst))
 }
 
 func readSeq(ctx context.Context, s store.Store, key string, cache *chunkxfer.Cache, readAhead int) {
@@ -251,12 +224,6 @@ func writeRandom(path string, size int64) {
 		left -= n
 	}
 	check(f.Close())
-}
-
-func timeIt(fn func()) time.Duration {
-	t0 := time.Now()
-	fn()
-	return time.Since(t0)
 }
 
 func check(err error) {

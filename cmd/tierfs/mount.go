@@ -13,7 +13,6 @@ import (
 	"time"
 
 	"github.com/tierfs/tierfs/chunkxfer"
-	"github.com/tierfs/tierfs/chunkxfer/store"
 	"github.com/tierfs/tierfs/fs"
 	"github.com/tierfs/tierfs/tiering"
 	"github.com/urfave/cli/v2"
@@ -69,7 +68,7 @@ func runMount(c *cli.Context) error {
 	var tierer *tiering.Tierer
 	var tier fs.Tiering
 	if url := c.String("remote"); url != "" {
-		st, err := openRemote(c, url)
+		st, err := openStore(c, url)
 		if err != nil {
 			return err
 		}
@@ -140,14 +139,6 @@ func runMount(c *cli.Context) error {
 			return nil
 		}
 	}
-}
-
-func openRemote(c *cli.Context, rawURL string) (store.Store, error) {
-	ak, sk := c.String("s3-access-key"), c.String("s3-secret-key")
-	if (ak == "") != (sk == "") {
-		return nil, &exitError{code: 2, err: errors.New("give both --s3-access-key and --s3-secret-key, or neither")}
-	}
-	return store.Open(c.Context, rawURL, store.S3Options{AccessKey: ak, SecretKey: sk})
 }
 
 // redactURL prints a store URL for logs (it carries no secret, but a

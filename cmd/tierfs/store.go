@@ -24,12 +24,14 @@ func storeFlags() []cli.Flag {
 	}
 }
 
-func openStore(c *cli.Context) (store.Store, error) {
+// openStore opens the store at rawURL with the credential flags of c
+// (the store commands' --store, mount's --remote).
+func openStore(c *cli.Context, rawURL string) (store.Store, error) {
 	ak, sk := c.String("s3-access-key"), c.String("s3-secret-key")
 	if (ak == "") != (sk == "") {
 		return nil, &exitError{code: 2, err: errors.New("give both --s3-access-key and --s3-secret-key, or neither")}
 	}
-	return store.Open(c.Context, c.String("store"), store.S3Options{AccessKey: ak, SecretKey: sk})
+	return store.Open(c.Context, rawURL, store.S3Options{AccessKey: ak, SecretKey: sk})
 }
 
 func defaultJournalDir() string {
@@ -57,7 +59,7 @@ func cmdStore() *cli.Command {
 			{
 				Name: "ls", Usage: "list objects under a prefix", ArgsUsage: "[PREFIX]",
 				Action: func(c *cli.Context) error {
-					s, err := openStore(c)
+					s, err := openStore(c, c.String("store"))
 					if err != nil {
 						return err
 					}
@@ -79,7 +81,7 @@ func cmdStore() *cli.Command {
 					if err := args(c, 2, "two arguments: the file and the key"); err != nil {
 						return err
 					}
-					s, err := openStore(c)
+					s, err := openStore(c, c.String("store"))
 					if err != nil {
 						return err
 					}
@@ -104,7 +106,7 @@ func cmdStore() *cli.Command {
 					if err := args(c, 2, "two arguments: the key and the file"); err != nil {
 						return err
 					}
-					s, err := openStore(c)
+					s, err := openStore(c, c.String("store"))
 					if err != nil {
 						return err
 					}
@@ -132,7 +134,7 @@ func cmdStore() *cli.Command {
 					if err := args(c, 1, "one argument: the key"); err != nil {
 						return err
 					}
-					s, err := openStore(c)
+					s, err := openStore(c, c.String("store"))
 					if err != nil {
 						return err
 					}
@@ -160,7 +162,7 @@ func cmdStore() *cli.Command {
 					if err := args(c, 1, "one argument: the key"); err != nil {
 						return err
 					}
-					s, err := openStore(c)
+					s, err := openStore(c, c.String("store"))
 					if err != nil {
 						return err
 					}
@@ -179,7 +181,7 @@ func cmdStore() *cli.Command {
 				Name: "uploads", Usage: "list multipart uploads in progress under a prefix", ArgsUsage: "[PREFIX]",
 				Flags: []cli.Flag{&cli.BoolFlag{Name: "abort", Usage: "abort them"}},
 				Action: func(c *cli.Context) error {
-					s, err := openStore(c)
+					s, err := openStore(c, c.String("store"))
 					if err != nil {
 						return err
 					}
