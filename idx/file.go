@@ -95,7 +95,7 @@ func (f *File) Append(es ...Entry) error {
 	var buf []byte
 	owned := make([]Entry, len(es))
 	for i, e := range es {
-		if havePrev {
+		if havePrev && !e.Deleted() {
 			if err := checkOrder(prev, e); err != nil {
 				return fmt.Errorf("%s: append: %w", f.path, err)
 			}
@@ -109,7 +109,9 @@ func (f *File) Append(es ...Entry) error {
 		}
 		e.RDI = append([]byte(nil), e.RDI...)
 		owned[i] = e
-		prev, havePrev = e, true
+		if !e.Deleted() {
+			prev, havePrev = e, true
+		}
 	}
 	chunks = append(chunks, buf)
 	start := f.x.size
@@ -138,6 +140,69 @@ func (f *File) write(b []byte, off int64) error {
 		return err
 	}
 	return unix.Fdatasync(int(f.f.Fd()))
+}
+
+// Tombstone turns every live entry that match selects into a tombstone
+// (Entry.Deleted) and reports how many it turned. The file is rewritten
+// whole beside itself, synced and renamed over, so a crash leaves either
+// the old file or the new one; no entry moves.
+func (f *File) Tombstone(match func(Entry) bool) (int, error) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	if f.broken != nil {
+		return 0, f.broken
+	}
+	data := make([]byte, f.x.size)
+	if _, err := f.f.ReadAt(data, 0); err != nil {
+		return 0, fmt.Errorf("%s: %w", f.path, err)
+	}
+	n := 0
+	for pos := 0; pos < len(data); {
+		e, size, err := DecodeEntry(data[pos:])
+		if err != nil {
+			return 0, formatErr(f.path, int64(pos), "%v", err)
+		}
+		if !e.Deleted() && match(e) {
+			t := Entry{FirstOffset: e.FirstOffset, LastOffset: e.LastOffset, FirstTimestamp: e.FirstTimestamp, LastTimestamp: e.LastTimestamp, DataLength: e.DataLength, RDI: make([]byte, len(e.RDI))}
+			if len(t.RDI) == 0 {
+				return 0, formatErr(f.path, int64(pos), "entry without RDI cannot be a tombstone")
+			}
+			if _, err := t.AppendTo(data[pos:pos]); err != nil {
+				return 0, err
+			}
+			n++
+		}
+		pos += size
+	}
+	if n == 0 {
+		return 0, nil
+	}
+	x, valid, err := ParseIndex(f.path, data)
+	if err != nil || valid != int64(len(data)) {
+		return 0, fmt.Errorf("%s: tombstones made an unreadable index (%v)", f.path, err)
+	}
+	tmp := f.path + ".tmp"
+	nf, err := os.OpenFile(tmp, os.O_RDWR|os.O_CREATE|os.O_TRUNC, 0o644)
+	if err != nil {
+		return 0, err
+	}
+	if _, err := nf.Write(data); err == nil {
+		err = unix.Fdatasync(int(nf.Fd()))
+	}
+	if err == nil {
+		err = os.Rename(tmp, f.path)
+	}
+	if err == nil {
+		err = syncDir(filepath.Dir(f.path))
+	}
+	if err != nil {
+		nf.Close()
+		os.Remove(tmp)
+		return 0, fmt.Errorf("%s: rewrite: %w", f.path, err)
+	}
+	f.f.Close()
+	f.f, f.x = nf, x
+	return n, nil
 }
 
 // View runs fn with the index, read-locked against appends. The Index

@@ -26,6 +26,12 @@ func (e Entry) Opaque() bool {
 	return e.FirstOffset == e.LastOffset && e.FirstTimestamp == NoTimestamp && e.LastTimestamp == NoTimestamp
 }
 
+// Deleted reports a tombstone: the entry of data that was deleted from
+// the store. Its RDI is all NUL bytes, as long as the RDI it replaced, so
+// that no later entry moved (the remote indexes point at positions in the
+// file). Lookups never return a tombstone and order ignores it.
+func (e Entry) Deleted() bool { return len(e.RDI) > 0 && e.RDI[0] == 0 }
+
 // checkOrder enforces the order of a partition's index: each entry starts
 // after the previous one ends, except that the chunks of one opaque file
 // repeat its offsets.
@@ -40,8 +46,10 @@ func checkOrder(prev, e Entry) error {
 }
 
 // Index is the decoded content of a remote log segment index file, with
-// the lookups of the read path. The zero Index is empty and usable.
+// the lookups of the read path. It holds the live entries; tombstones
+// only take their room in the file. The zero Index is empty and usable.
 type Index struct {
+	dead int // tombstones
 	ents []Entry
 	pos  []int64 // byte position of each entry in the file
 	cum  []int64 // cum[i]: sum of DataLength before entry i
@@ -79,6 +87,11 @@ func ParseIndex(name string, data []byte) (x *Index, valid int64, err error) {
 
 // add appends a decoded entry (RDI already owned) to the in-memory index.
 func (x *Index) add(e Entry) error {
+	if e.Deleted() {
+		x.dead++
+		x.size += int64(e.Size())
+		return nil
+	}
 	n := len(x.ents)
 	if n > 0 {
 		if err := checkOrder(x.ents[n-1], e); err != nil {
@@ -98,8 +111,11 @@ func (x *Index) add(e Entry) error {
 	return nil
 }
 
-// Len is the number of entries.
+// Len is the number of live entries.
 func (x *Index) Len() int { return len(x.ents) }
+
+// Tombstones is the number of entries of deleted data.
+func (x *Index) Tombstones() int { return x.dead }
 
 // Entry returns entry i. Its RDI must not be modified.
 func (x *Index) Entry(i int) Entry { return x.ents[i] }
@@ -110,7 +126,7 @@ func (x *Index) Position(i int) int64 { return x.pos[i] }
 // Size is the length of the file's whole entries.
 func (x *Index) Size() int64 { return x.size }
 
-// All yields each entry with its index.
+// All yields each live entry with its index.
 func (x *Index) All() iter.Seq2[int, Entry] {
 	return func(yield func(int, Entry) bool) {
 		for i, e := range x.ents {

@@ -380,3 +380,79 @@ func FuzzRemoteIndexes(f *testing.F) {
 		}
 	})
 }
+
+func TestFileTombstones(t *testing.T) {
+	path := filepath.Join(t.TempDir(), FileName)
+	f, err := OpenFile(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	es := partitionEntries()
+	if err := f.Append(es...); err != nil {
+		t.Fatal(err)
+	}
+	var before *Index
+	f.View(func(x *Index) { before = x })
+	ri200, _ := before.BuildRemoteIndexes(200, math.MaxInt64)
+	size := before.Size()
+
+	// Delete the opaque segment in the middle: its entries are gone from
+	// every lookup, nothing else moves.
+	n, err := f.Tombstone(func(e Entry) bool { return bytes.HasPrefix(e.RDI, []byte("s100@")) })
+	if err != nil || n != 3 {
+		t.Fatalf("tombstone: %d %v", n, err)
+	}
+	check := func(f *File) {
+		t.Helper()
+		f.View(func(x *Index) {
+			if x.Len() != 5 || x.Tombstones() != 3 || x.Size() != size {
+				t.Fatalf("%d live, %d dead, %d bytes", x.Len(), x.Tombstones(), x.Size())
+			}
+			if lo, hi := x.Segment(100, 200); lo != hi {
+				t.Fatalf("deleted segment still has entries %d..%d", lo, hi)
+			}
+			if i, ok := x.LookupOffset(100); !ok || string(x.Entry(i).RDI) != "s200@0" {
+				t.Fatalf("lookup of a deleted offset: %d %v", i, ok)
+			}
+			if err := x.CheckRemoteIndexes("200.rindex", ri200, math.MaxInt64); err != nil {
+				t.Fatalf("remote indexes of a later segment moved: %v", err)
+			}
+		})
+	}
+	check(f)
+	f.Close()
+	if f, err = OpenFile(path); err != nil {
+		t.Fatal(err)
+	}
+	check(f)
+	if n, err := f.Tombstone(func(e Entry) bool { return bytes.HasPrefix(e.RDI, []byte("s100@")) }); n != 0 || err != nil {
+		t.Fatalf("second tombstone: %d %v", n, err)
+	}
+	// Once the last segment is deleted too, its offsets can be written
+	// again (Kafka truncated the log and wrote new data).
+	if err := f.Append(Entry{FirstOffset: 200, LastOffset: 205, DataLength: 9, RDI: rdi("new200@0")}); err == nil {
+		t.Fatal("append over live offsets accepted")
+	}
+	if _, err := f.Tombstone(func(e Entry) bool { return bytes.HasPrefix(e.RDI, []byte("s200@")) }); err != nil {
+		t.Fatal(err)
+	}
+	if err := f.Append(Entry{FirstOffset: 200, LastOffset: 205, DataLength: 9, RDI: rdi("new200@0")}); err != nil {
+		t.Fatal(err)
+	}
+	f.Close()
+	f, err = OpenFile(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer f.Close()
+	var got []string
+	for _, e := range f.Entries() {
+		got = append(got, string(e.RDI))
+	}
+	if fmt.Sprint(got) != "[s0@0 s0@500 new200@0]" {
+		t.Fatalf("entries %v", got)
+	}
+	if _, err := os.Stat(path + ".tmp"); !os.IsNotExist(err) {
+		t.Fatalf("temporary left: %v", err)
+	}
+}

@@ -199,7 +199,7 @@ func indexDump(w io.Writer, path, kind string) error {
 			row(i, x.Position(i), e.FirstOffset, e.LastOffset, ts(e.FirstTimestamp), ts(e.LastTimestamp), e.DataLength, rdiString(e.RDI))
 		}
 		tw.Flush()
-		fmt.Fprintf(w, "%d entries, %d bytes", x.Len(), valid)
+		fmt.Fprintf(w, "%d entries, %d tombstones (deleted data), %d bytes", x.Len(), x.Tombstones(), valid)
 		if valid < int64(len(data)) {
 			fmt.Fprintf(w, ", torn tail of %d bytes at %d (cut on the next open)", int64(len(data))-valid, valid)
 		}
