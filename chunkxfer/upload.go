@@ -213,6 +213,27 @@ func (u *Uploader) start(ctx context.Context, path, key string, src Source) (*up
 	return t, nil
 }
 
+// Abandon gives up every upload of key, in progress or left by a crash:
+// its journal goes and its multipart uploads are aborted. For a source
+// that is gone for good (the broker deleted the segment).
+func (u *Uploader) Abandon(ctx context.Context, key string) error {
+	if err := os.Remove(journalPath(u.JournalDir, "upload", key)); err != nil && !os.IsNotExist(err) {
+		return err
+	}
+	ups, err := u.Store.ListMultipart(ctx, key)
+	if err != nil {
+		return fmt.Errorf("list uploads of %s: %w", key, err)
+	}
+	for _, up := range ups {
+		if up.Key == key {
+			if err := u.Store.AbortMultipart(ctx, key, up.UploadID); err != nil && !errors.Is(err, store.ErrNotFound) {
+				return fmt.Errorf("abort upload of %s: %w", key, err)
+			}
+		}
+	}
+	return nil
+}
+
 // abortOthers aborts uploads of exactly key other than keep: leftovers
 // of a crash between creating an upload and journaling it. One tierfs
 // owns its keys (the backing directory lock), so none is anyone else's.

@@ -87,16 +87,15 @@ func (f *File) Append(es ...Entry) error {
 	if f.broken != nil {
 		return f.broken
 	}
-	prev, havePrev := Entry{}, f.x.Len() > 0
-	if havePrev {
-		prev = f.x.ents[f.x.Len()-1]
-	}
 	var chunks [][]byte
 	var buf []byte
-	owned := make([]Entry, len(es))
-	for i, e := range es {
-		if havePrev && !e.Deleted() {
-			if err := checkOrder(prev, e); err != nil {
+	owned := make([]Entry, 0, len(es))
+	for _, e := range es {
+		if e.Deleted() {
+			return fmt.Errorf("%s: append: a tombstone", f.path)
+		}
+		if n := len(owned); n > 0 {
+			if err := checkOrder(owned[n-1], e); err != nil {
 				return fmt.Errorf("%s: append: %w", f.path, err)
 			}
 		}
@@ -108,10 +107,13 @@ func (f *File) Append(es ...Entry) error {
 			return fmt.Errorf("%s: append: %w", f.path, err)
 		}
 		e.RDI = append([]byte(nil), e.RDI...)
-		owned[i] = e
-		if !e.Deleted() {
-			prev, havePrev = e, true
-		}
+		owned = append(owned, e)
+	}
+	if len(owned) == 0 {
+		return nil
+	}
+	if err := f.x.fits(f.x.slot(owned[0].FirstOffset), owned[0], owned[len(owned)-1]); err != nil {
+		return fmt.Errorf("%s: append: %w", f.path, err)
 	}
 	chunks = append(chunks, buf)
 	start := f.x.size
@@ -126,7 +128,7 @@ func (f *File) Append(es ...Entry) error {
 		at += int64(len(c))
 	}
 	for _, e := range owned {
-		// Order was checked above, so add cannot fail.
+		// The run fits where it goes (checked above), so add cannot fail.
 		if err := f.x.add(e); err != nil {
 			panic(err)
 		}

@@ -3,6 +3,7 @@ package idx
 import (
 	"fmt"
 	"iter"
+	"slices"
 	"sort"
 
 	"github.com/tierfs/tierfs/idx/kafka"
@@ -32,9 +33,9 @@ func (e Entry) Opaque() bool {
 // file). Lookups never return a tombstone and order ignores it.
 func (e Entry) Deleted() bool { return len(e.RDI) > 0 && e.RDI[0] == 0 }
 
-// checkOrder enforces the order of a partition's index: each entry starts
-// after the previous one ends, except that the chunks of one opaque file
-// repeat its offsets.
+// checkOrder enforces the order of a partition's live entries by
+// offset: each starts after the previous one ends, except that the chunks
+// of one opaque file repeat its offsets.
 func checkOrder(prev, e Entry) error {
 	if e.FirstOffset > prev.LastOffset {
 		return nil
@@ -85,29 +86,60 @@ func ParseIndex(name string, data []byte) (x *Index, valid int64, err error) {
 	return x, int64(pos), nil
 }
 
-// add appends a decoded entry (RDI already owned) to the in-memory index.
+// add adds a decoded entry (RDI already owned) to the in-memory index at
+// its place by offset: usually the end, but a segment shipped again after
+// its old version was deleted (the log cleaner, a truncation, a lost
+// copy) lands between later ones. It must not overlap any live entry.
 func (x *Index) add(e Entry) error {
 	if e.Deleted() {
 		x.dead++
 		x.size += int64(e.Size())
 		return nil
 	}
+	j := x.slot(e.FirstOffset)
+	if err := x.fits(j, e, e); err != nil {
+		return err
+	}
 	n := len(x.ents)
-	if n > 0 {
-		if err := checkOrder(x.ents[n-1], e); err != nil {
+	x.ents = slices.Insert(x.ents, j, e)
+	x.pos = slices.Insert(x.pos, j, x.size)
+	x.cum = slices.Insert(x.cum, j, 0)
+	x.maxT = slices.Insert(x.maxT, j, 0)
+	x.size += int64(e.Size())
+	for i := j; i <= n; i++ {
+		x.cum[i], x.maxT[i] = 0, x.ents[i].LastTimestamp
+		if i > 0 {
+			x.cum[i] = x.cum[i-1] + int64(x.ents[i-1].DataLength)
+			x.maxT[i] = max(x.maxT[i], x.maxT[i-1])
+		}
+	}
+	return nil
+}
+
+// slot is where an entry starting at first goes: after every entry that
+// starts at or before it.
+func (x *Index) slot(first int64) int {
+	n := len(x.ents)
+	if n == 0 || x.ents[n-1].FirstOffset <= first {
+		return n
+	}
+	return sort.Search(n, func(i int) bool { return x.ents[i].FirstOffset > first })
+}
+
+// fits checks that a run of entries from first to last (in order among
+// themselves) can go at slot j: after the entry before it, before the
+// entry at it.
+func (x *Index) fits(j int, first, last Entry) error {
+	if j > 0 {
+		if err := checkOrder(x.ents[j-1], first); err != nil {
 			return err
 		}
 	}
-	cum, maxT := int64(0), e.LastTimestamp
-	if n > 0 {
-		cum = x.cum[n-1] + int64(x.ents[n-1].DataLength)
-		maxT = max(maxT, x.maxT[n-1])
+	if j < len(x.ents) {
+		if err := checkOrder(last, x.ents[j]); err != nil {
+			return err
+		}
 	}
-	x.ents = append(x.ents, e)
-	x.pos = append(x.pos, x.size)
-	x.cum = append(x.cum, cum)
-	x.maxT = append(x.maxT, maxT)
-	x.size += int64(e.Size())
 	return nil
 }
 

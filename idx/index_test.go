@@ -91,10 +91,21 @@ func TestIndexLookups(t *testing.T) {
 func TestParseIndexErrors(t *testing.T) {
 	es := partitionEntries()
 	good := encodeAll(t, es)
-	// Out of order.
-	swapped := encodeAll(t, []Entry{es[1], es[0]})
-	if _, _, err := ParseIndex("p.idx", swapped); err == nil || !strings.Contains(err.Error(), "p.idx: offset 52:") {
-		t.Errorf("out of order: %v", err)
+	// Overlapping, whichever comes first in the file.
+	over := Entry{FirstOffset: 40, LastOffset: 60, DataLength: 1, RDI: rdi("x@0")}
+	for _, pair := range [][]Entry{{es[0], over}, {over, es[0]}} {
+		if _, _, err := ParseIndex("p.idx", encodeAll(t, pair)); err == nil || !strings.Contains(err.Error(), "p.idx: offset "+fmt.Sprint(pair[0].Size())+":") {
+			t.Errorf("overlap: %v", err)
+		}
+	}
+	// Not overlapping but out of file order: a segment shipped again
+	// after its old version was deleted. Lookups see offset order.
+	x, _, err := ParseIndex("p.idx", encodeAll(t, []Entry{es[5], es[0], es[1]}))
+	if err != nil || x.Len() != 3 || x.Entry(0).FirstOffset != 0 || x.Position(0) != int64(es[5].Size()) {
+		t.Fatalf("out of file order: %v", err)
+	}
+	if i, ok := x.LookupOffset(60); !ok || i != 1 {
+		t.Fatalf("lookup: %d %v", i, ok)
 	}
 	// Corruption far from the end is an error naming the offset.
 	var big []Entry
@@ -334,14 +345,16 @@ func FuzzParseIndex(f *testing.F) {
 		if valid > int64(len(data)) || valid != x.Size() || int64(len(data))-valid > MaxAppend {
 			t.Fatalf("valid %d of %d, size %d", valid, len(data), x.Size())
 		}
-		// What parsed re-encodes to the same bytes, and lookups stay
-		// in range.
-		var back []byte
-		for _, e := range x.All() {
-			back, _ = e.AppendTo(back)
-		}
-		if !bytes.Equal(back, data[:valid]) {
-			t.Fatal("re-encoding differs")
+		// Each live entry re-encodes to its bytes in the file, in
+		// offset order, and lookups stay in range.
+		for i, e := range x.All() {
+			back, _ := e.AppendTo(nil)
+			if p := x.Position(i); !bytes.Equal(back, data[p:p+int64(len(back))]) {
+				t.Fatalf("entry %d re-encodes differently", i)
+			}
+			if i > 0 && x.Entry(i-1).FirstOffset > e.FirstOffset {
+				t.Fatalf("entry %d out of offset order", i)
+			}
 		}
 		for _, off := range []int64{0, 1, 1 << 40} {
 			if i, ok := x.LookupOffset(off); ok && (i < 0 || i >= x.Len()) {
@@ -427,6 +440,37 @@ func TestFileTombstones(t *testing.T) {
 	check(f)
 	if n, err := f.Tombstone(func(e Entry) bool { return bytes.HasPrefix(e.RDI, []byte("s100@")) }); n != 0 || err != nil {
 		t.Fatalf("second tombstone: %d %v", n, err)
+	}
+	// The deleted segment ships again (a new version): it goes back
+	// between its neighbours, and its remote indexes build.
+	v2 := []Entry{
+		{FirstOffset: 100, LastOffset: 150, FirstTimestamp: 5, LastTimestamp: 6, DataLength: 10, RDI: rdi("v2@0")},
+		{FirstOffset: 160, LastOffset: 199, FirstTimestamp: 7, LastTimestamp: 8, DataLength: 10, RDI: rdi("v2@10")},
+	}
+	if err := f.Append(Entry{FirstOffset: 100, LastOffset: 200, DataLength: 1, RDI: rdi("big@0")}); err == nil {
+		t.Fatal("append overlapping the next segment accepted")
+	}
+	if err := f.Append(v2...); err != nil {
+		t.Fatal(err)
+	}
+	f.View(func(x *Index) {
+		if i, ok := x.LookupOffset(120); !ok || string(x.Entry(i).RDI) != "v2@0" {
+			t.Fatalf("lookup in the re-shipped segment: %d %v", i, ok)
+		}
+		if i, within, ok := x.LookupPosition(100, 200, 15); !ok || string(x.Entry(i).RDI) != "v2@10" || within != 5 {
+			t.Fatalf("position lookup: %d %d %v", i, within, ok)
+		}
+		if i, ok := x.LookupTimestamp(7); !ok || string(x.Entry(i).RDI) != "s0@0" {
+			// s0's timestamps (1000+) are all later than 7: the prefix max.
+			t.Fatalf("timestamp lookup: %d %v", i, ok)
+		}
+		ri, err := x.BuildRemoteIndexes(100, 200)
+		if err != nil || len(ri.Offsets) != 2 || ri.Offsets[0].Position != size {
+			t.Fatalf("remote indexes: %+v %v", ri, err)
+		}
+	})
+	if _, err := f.Tombstone(func(e Entry) bool { return bytes.HasPrefix(e.RDI, []byte("v2@")) }); err != nil {
+		t.Fatal(err)
 	}
 	// Once the last segment is deleted too, its offsets can be written
 	// again (Kafka truncated the log and wrote new data).

@@ -66,6 +66,9 @@ func (x *Index) BuildRemoteIndexes(base, next int64) (RemoteIndexes, error) {
 		if pos > math.MaxInt32 {
 			return RemoteIndexes{}, fmt.Errorf("index position %d does not fit a remote index", pos)
 		}
+		if i > lo && pos <= x.pos[i-1] {
+			return RemoteIndexes{}, fmt.Errorf("the entries of segment %d are not in file order", base)
+		}
 		if e.FirstOffset-base > math.MaxInt32 {
 			return RemoteIndexes{}, fmt.Errorf("offset %d is too far from segment base %d", e.FirstOffset, base)
 		}

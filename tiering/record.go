@@ -42,6 +42,17 @@ type Record struct {
 func readRecord(path string) (Record, bool, error) {
 	buf := make([]byte, 4096)
 	n, err := unix.Getxattr(path, recordXattr, buf)
+	return decodeRecord(path, buf, n, err)
+}
+
+// readRecordFd reads the record of an open file; name is for errors.
+func readRecordFd(fd int, name string) (Record, bool, error) {
+	buf := make([]byte, 4096)
+	n, err := unix.Fgetxattr(fd, recordXattr, buf)
+	return decodeRecord(name, buf, n, err)
+}
+
+func decodeRecord(path string, buf []byte, n int, err error) (Record, bool, error) {
 	if errors.Is(err, unix.ENODATA) {
 		return Record{}, false, nil
 	}

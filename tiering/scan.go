@@ -10,6 +10,7 @@ import (
 	"os"
 	"path/filepath"
 	"slices"
+	"syscall"
 	"time"
 
 	"github.com/tierfs/tierfs/idx/kafka"
@@ -26,6 +27,7 @@ type Segment struct {
 	Path  string // absolute path of the .log in the backing directory
 	Size  int64
 	Mtime time.Time
+	Ino   uint64
 }
 
 // Partition is a live partition directory and its segments, by offset.
@@ -67,7 +69,11 @@ func Scan(root string) ([]Partition, error) {
 			if err != nil {
 				continue
 			}
-			p.Segments = append(p.Segments, Segment{Partition: p.Name, TP: p.TP, Base: sn.BaseOffset, Path: filepath.Join(p.Dir, f.Name()), Size: fi.Size(), Mtime: fi.ModTime()})
+			var ino uint64
+			if st, ok := fi.Sys().(*syscall.Stat_t); ok {
+				ino = st.Ino
+			}
+			p.Segments = append(p.Segments, Segment{Partition: p.Name, TP: p.TP, Base: sn.BaseOffset, Path: filepath.Join(p.Dir, f.Name()), Size: fi.Size(), Mtime: fi.ModTime(), Ino: ino})
 		}
 		slices.SortFunc(p.Segments, func(a, b Segment) int { return cmp.Compare(a.Base, b.Base) })
 		for i := range p.Segments {
@@ -85,9 +91,12 @@ func Scan(root string) ([]Partition, error) {
 type Checkpoints struct {
 	Recovery      kafka.OffsetCheckpoint // recovery-point-offset-checkpoint: flushed up to
 	HighWatermark kafka.OffsetCheckpoint // replication-offset-checkpoint: committed up to
+	// Cleaner is the cleaner-offset-checkpoint: the partitions the log
+	// cleaner compacts.
+	Cleaner kafka.OffsetCheckpoint
 }
 
-// ReadCheckpoints reads both checkpoint files at the root of a log dir.
+// ReadCheckpoints reads the checkpoint files at the root of a log dir.
 // A missing file is an empty checkpoint (nothing is flushed or
 // committed yet, so nothing ships).
 func ReadCheckpoints(root string) (Checkpoints, error) {
@@ -95,6 +104,7 @@ func ReadCheckpoints(root string) (Checkpoints, error) {
 	for name, dst := range map[string]*kafka.OffsetCheckpoint{
 		"recovery-point-offset-checkpoint": &cp.Recovery,
 		"replication-offset-checkpoint":    &cp.HighWatermark,
+		"cleaner-offset-checkpoint":        &cp.Cleaner,
 	} {
 		data, err := os.ReadFile(filepath.Join(root, name))
 		if os.IsNotExist(err) {
@@ -120,6 +130,11 @@ type Policy struct {
 func (p Policy) Eligible(seg Segment, cp Checkpoints, now time.Time) (bool, string) {
 	if seg.Next < 0 {
 		return false, "active segment"
+	}
+	if _, ok := cp.Cleaner[seg.TP]; ok {
+		// The cleaner rewrites the segments of a compacted topic again and
+		// again; Kafka keeps such topics out of its tiered storage too.
+		return false, "compacted topic (in cleaner-offset-checkpoint): kept local"
 	}
 	if rp, ok := cp.Recovery[seg.TP]; !ok || rp < seg.Next {
 		return false, fmt.Sprintf("not flushed: recovery point %s is below the next segment's base offset %d", offsetOrNone(rp, ok), seg.Next)

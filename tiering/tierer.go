@@ -11,6 +11,7 @@ import (
 	"math"
 	"os"
 	"path/filepath"
+	"slices"
 	"sort"
 	"strings"
 	"sync"
@@ -56,8 +57,11 @@ type Tierer struct {
 	ready   chan struct{} // closed once Root and StateDir are known
 	up      *chunkxfer.Uploader
 	mu      sync.Mutex
-	indexes map[string]*idx.File // by partition; GUARDED_BY(mu)
-	busy    map[string]bool      // segments being shipped or evicted; GUARDED_BY(mu)
+	indexes map[string]*idx.File   // by partition; GUARDED_BY(mu)
+	plocks  map[string]*sync.Mutex // by partition: index changes; GUARDED_BY(mu)
+	busy    map[string]bool        // segments being shipped or evicted, keys being shipped or deleted; GUARDED_BY(mu)
+
+	noHandleOnce sync.Once
 }
 
 // New makes a Tierer; it touches nothing until RunOnce.
@@ -87,7 +91,7 @@ func New(cfg Config) (*Tierer, error) {
 		}
 		cfg.Cache = c
 	}
-	t := &Tierer{cfg: cfg, indexes: map[string]*idx.File{}, busy: map[string]bool{}, ready: make(chan struct{})}
+	t := &Tierer{cfg: cfg, indexes: map[string]*idx.File{}, plocks: map[string]*sync.Mutex{}, busy: map[string]bool{}, ready: make(chan struct{})}
 	if cfg.Root != "" && cfg.StateDir != "" {
 		t.SetRoot(cfg.Root, cfg.StateDir)
 	}
@@ -126,12 +130,14 @@ func (t *Tierer) Close() error {
 // Report says what one pass did.
 type Report struct {
 	Shipped, Evicted, Recovered int
+	Deleted                     int            // remote copies of segments the broker deleted
 	Waiting                     map[string]int // segments not eligible, by reason
 	Errors                      []error
 }
 
-// RunOnce finishes half-done evictions, ships every eligible segment and
-// evicts under the local retention.
+// RunOnce deletes the remote copies of segments the broker deleted,
+// finishes half-done evictions, ships every eligible segment and evicts
+// under the local retention.
 func (t *Tierer) RunOnce(ctx context.Context) Report {
 	rep := Report{Waiting: map[string]int{}}
 	if err := t.waitReady(); err != nil {
@@ -148,6 +154,9 @@ func (t *Tierer) RunOnce(ctx context.Context) Report {
 		rep.Errors = append(rep.Errors, err)
 		return rep
 	}
+	// Deletions first: the copies of segments the broker deleted go, and
+	// their index entries with them, before anything new takes their place.
+	rep.Deleted, rep.Errors = t.followDeletions(ctx)
 	now := t.cfg.Now()
 	var mu sync.Mutex
 	sem := make(chan struct{}, t.cfg.Concurrency)
@@ -190,6 +199,18 @@ func (t *Tierer) shipPartition(ctx context.Context, p Partition, cp Checkpoints,
 			blocked = "an earlier segment failed"
 			continue
 		}
+		if has && rec.State == StateShipped && (rec.Ino != seg.Ino || rec.Size != seg.Size || rec.MtimeNs != seg.Mtime.UnixNano()) {
+			// Changed after it shipped (Kafka truncated it): the copy is
+			// stale. Forget it; followDeletions deletes it and the file
+			// ships again when it is eligible.
+			t.cfg.Log.Warn("shipped segment changed; its remote copy is stale", "segment", seg.Path, "key", rec.Key)
+			if err := unix.Removexattr(seg.Path, recordXattr); err != nil {
+				rep.Errors = append(rep.Errors, err)
+				blocked = "an earlier segment failed"
+				continue
+			}
+			has = false
+		}
 		if has {
 			if rec.State == StateRemote {
 				if fixed, err := t.finishEvict(seg, rec); err != nil {
@@ -212,6 +233,11 @@ func (t *Tierer) shipPartition(ctx context.Context, p Partition, cp Checkpoints,
 			}
 			continue
 		}
+		if why := t.indexConflict(seg); why != "" {
+			rep.Waiting[reasonKind(why)]++
+			blocked = "an earlier segment waits"
+			continue
+		}
 		if err := t.Ship(ctx, seg); err != nil {
 			rep.Errors = append(rep.Errors, fmt.Errorf("ship %s: %w", seg.Path, err))
 			blocked = "an earlier segment failed"
@@ -226,8 +252,8 @@ func (t *Tierer) shipPartition(ctx context.Context, p Partition, cp Checkpoints,
 func (t *Tierer) Run(ctx context.Context, interval time.Duration) {
 	for {
 		rep := t.RunOnce(ctx)
-		if rep.Shipped+rep.Evicted+rep.Recovered > 0 || len(rep.Errors) > 0 {
-			t.cfg.Log.Info("tiering pass", "shipped", rep.Shipped, "evicted", rep.Evicted, "recovered", rep.Recovered, "errors", len(rep.Errors))
+		if rep.Shipped+rep.Evicted+rep.Recovered+rep.Deleted > 0 || len(rep.Errors) > 0 {
+			t.cfg.Log.Info("tiering pass", "shipped", rep.Shipped, "evicted", rep.Evicted, "recovered", rep.Recovered, "deleted", rep.Deleted, "errors", len(rep.Errors))
 		}
 		for _, err := range rep.Errors {
 			t.cfg.Log.Warn("tiering", "err", err)
@@ -252,9 +278,53 @@ func reasonKind(why string) string {
 // where id tells apart two files that had the same base offset (a
 // segment rewritten after a truncation).
 func objectKey(seg Segment, st *syscall.Stat_t, suffix string) string {
+	return identityKey(seg, st.Ino, st.Size, st.Mtim.Nano(), suffix)
+}
+
+func identityKey(seg Segment, ino uint64, size, mtimeNs int64, suffix string) string {
 	h := fnv.New32a()
-	fmt.Fprintf(h, "%d/%d/%d", st.Ino, st.Size, st.Mtim.Nano())
+	fmt.Fprintf(h, "%d/%d/%d", ino, size, mtimeNs)
 	return fmt.Sprintf("%s/%020d-%08x%s", seg.Partition, seg.Base, h.Sum32(), suffix)
+}
+
+// indexConflict says why a segment cannot take its place in the
+// partition's index, or "" if it can: the index still holds an earlier
+// version of it (the log cleaner or a truncation rewrote it; that version
+// goes once the broker has deleted its file), or offsets the segment
+// overlaps are shipped in a later segment (a compacted or truncated log
+// rewritten below what was shipped).
+func (t *Tierer) indexConflict(seg Segment) string {
+	f, err := t.indexFile(seg.Partition)
+	if err != nil {
+		return "" // Ship reports it
+	}
+	key := identityKey(seg, seg.Ino, seg.Size, seg.Mtime.UnixNano(), ".log")
+	why := ""
+	f.View(func(x *idx.Index) {
+		lo, hi := x.Segment(seg.Base, nextOrMax(seg.Next))
+		for i := lo; i < hi; i++ {
+			if !strings.HasPrefix(string(x.Entry(i).RDI), key+"@") {
+				why = "an earlier version of this segment is in the store: ships once the broker has deleted that version"
+				return
+			}
+		}
+		if lo == hi && lo > 0 && x.Entry(lo-1).LastOffset >= seg.Base {
+			why = "overlaps offsets shipped in an earlier segment: kept local"
+		}
+	})
+	return why
+}
+
+func (t *Tierer) lockPartition(partition string) (unlock func()) {
+	t.mu.Lock()
+	m := t.plocks[partition]
+	if m == nil {
+		m = &sync.Mutex{}
+		t.plocks[partition] = m
+	}
+	t.mu.Unlock()
+	m.Lock()
+	return m.Unlock
 }
 
 func (t *Tierer) claim(path string) bool {
@@ -287,6 +357,15 @@ func (t *Tierer) Ship(ctx context.Context, seg Segment) error {
 		return err
 	}
 	key := objectKey(seg, &st, ".log")
+	if !t.claim("key:" + key) {
+		return nil
+	}
+	defer t.release("key:" + key)
+	manRel := filepath.Join("manifests", seg.Partition, filepath.Base(key)+".json")
+	sh, err := t.startShipment(seg, &st, key, manRel)
+	if err != nil {
+		return err
+	}
 	m, err := t.up.Upload(ctx, seg.Path, key)
 	if err != nil {
 		return err
@@ -294,24 +373,18 @@ func (t *Tierer) Ship(ctx context.Context, seg Segment) error {
 	if err := chunkxfer.Verify(ctx, t.cfg.Store, m); err != nil {
 		return fmt.Errorf("remote copy does not verify: %w", err)
 	}
-	for _, kind := range []string{kafka.KindIndex, kafka.KindTimeIndex, kafka.KindTxnIndex, kafka.KindSnapshot} {
-		p := sidecar(seg, kind)
-		if _, err := os.Stat(p); err != nil {
+	for _, sk := range t.sidecarKeys(seg, &st)[1:] {
+		if !slices.Contains(sh.Objects, sk.key) {
+			// Appeared after the shipment was catalogued: kept local only.
 			continue
 		}
-		if _, err := t.up.Upload(ctx, p, objectKey(seg, &st, kind)); err != nil {
-			return fmt.Errorf("ship %s: %w", filepath.Base(p), err)
-		}
-	}
-	if p := filepath.Join(filepath.Dir(seg.Path), "leader-epoch-checkpoint"); fileExists(p) {
-		if _, err := t.up.Upload(ctx, p, objectKey(seg, &st, ".leader-epoch-checkpoint")); err != nil {
-			return fmt.Errorf("ship leader-epoch-checkpoint: %w", err)
+		if _, err := t.up.Upload(ctx, sk.path, sk.key); err != nil {
+			return fmt.Errorf("ship %s: %w", filepath.Base(sk.path), err)
 		}
 	}
 	if err := t.index(ctx, seg, key); err != nil {
 		return err
 	}
-	manRel := filepath.Join("manifests", seg.Partition, filepath.Base(key)+".json")
 	if err := writeManifestCopy(filepath.Join(t.cfg.StateDir, manRel), m); err != nil {
 		return err
 	}
@@ -327,8 +400,54 @@ func (t *Tierer) Ship(ctx context.Context, seg Segment) error {
 	if err := writeRecord(seg.Path, rec); err != nil {
 		return err
 	}
+	sh.State, sh.Since = StateShipped, t.cfg.Now()
+	if err := writeShipment(t.cfg.StateDir, sh); err != nil {
+		return err
+	}
 	t.cfg.Log.Info("shipped", "segment", seg.Path, "key", key, "bytes", st.Size)
 	return nil
+}
+
+// startShipment catalogs the objects a segment is about to put in the
+// store (or finds them catalogued by an earlier, interrupted Ship).
+func (t *Tierer) startShipment(seg Segment, st *syscall.Stat_t, key, manRel string) (Shipment, error) {
+	if b, err := os.ReadFile(shipmentPath(t.cfg.StateDir, seg.Partition, key)); err == nil {
+		var sh Shipment
+		if err := json.Unmarshal(b, &sh); err != nil {
+			return sh, fmt.Errorf("shipment of %s: %w", key, err)
+		}
+		if sh.State == StateDeleting {
+			return sh, fmt.Errorf("%s: its remote copy is being deleted", seg.Path)
+		}
+		return sh, nil
+	}
+	sh := Shipment{State: StateShipping, Partition: seg.Partition, Base: seg.Base, Key: key, Manifest: manRel, Ino: st.Ino, Since: t.cfg.Now()}
+	var err error
+	if sh.HandleType, sh.Handle, err = fileHandle(seg.Path); err != nil {
+		t.cfg.Log.Debug("no file handle", "segment", seg.Path, "err", err)
+	}
+	for _, k := range t.sidecarKeys(seg, st) {
+		sh.Objects = append(sh.Objects, k.key, chunkxfer.ManifestKey(k.key))
+	}
+	return sh, writeShipment(t.cfg.StateDir, sh)
+}
+
+type sidecarKey struct{ path, key string }
+
+// sidecarKeys are the files shipped for a segment and their keys: the
+// .log first, then its indexes, snapshot and the partition's
+// leader-epoch-checkpoint, those that exist.
+func (t *Tierer) sidecarKeys(seg Segment, st *syscall.Stat_t) []sidecarKey {
+	out := []sidecarKey{{seg.Path, objectKey(seg, st, ".log")}}
+	for _, kind := range []string{kafka.KindIndex, kafka.KindTimeIndex, kafka.KindTxnIndex, kafka.KindSnapshot} {
+		if p := sidecar(seg, kind); fileExists(p) {
+			out = append(out, sidecarKey{p, objectKey(seg, st, kind)})
+		}
+	}
+	if p := filepath.Join(filepath.Dir(seg.Path), "leader-epoch-checkpoint"); fileExists(p) {
+		out = append(out, sidecarKey{p, objectKey(seg, st, ".leader-epoch-checkpoint")})
+	}
+	return out
 }
 
 func fileExists(p string) bool {
@@ -341,24 +460,14 @@ func writeManifestCopy(path string, m *chunkxfer.Manifest) error {
 	if err != nil {
 		return err
 	}
-	if err := os.MkdirAll(filepath.Dir(path), 0o755); err != nil {
-		return err
-	}
-	tmp := path + ".tmp"
-	if err := os.WriteFile(tmp, b, 0o644); err != nil {
-		return err
-	}
-	f, err := os.Open(tmp)
-	if err == nil {
-		f.Sync()
-		f.Close()
-	}
-	return os.Rename(tmp, path)
+	return writeFileAtomic(path, b)
 }
 
 // index appends the segment's entries to the partition's index file
 // (once) and ships the index file and the segment's remote indexes.
 func (t *Tierer) index(ctx context.Context, seg Segment, key string) error {
+	unlock := t.lockPartition(seg.Partition)
+	defer unlock()
 	f, err := t.indexFile(seg.Partition)
 	if err != nil {
 		return err
@@ -389,12 +498,7 @@ func (t *Tierer) index(ctx context.Context, seg Segment, key string) error {
 		}
 	}
 	var ri idx.RemoteIndexes
-	var data []byte
-	f.View(func(x *idx.Index) {
-		ri, err = x.BuildRemoteIndexes(seg.Base, nextOrMax(seg.Next))
-		data, _ = os.ReadFile(f.Path())
-		data = data[:min(int64(len(data)), x.Size())]
-	})
+	f.View(func(x *idx.Index) { ri, err = x.BuildRemoteIndexes(seg.Base, nextOrMax(seg.Next)) })
 	if err != nil {
 		return err
 	}
@@ -405,13 +509,27 @@ func (t *Tierer) index(ctx context.Context, seg Segment, key string) error {
 	for name, b := range map[string][]byte{
 		idx.RemoteOffsetIndexName(seg.Base): ri.MarshalOffsets(),
 		idx.RemoteTimeIndexName(seg.Base):   ri.MarshalTimes(),
-		idx.FileName:                        data,
 	} {
 		if _, err := t.cfg.Store.Put(ctx, seg.Partition+"/"+name, bytes.NewReader(b), int64(len(b))); err != nil {
 			return err
 		}
 	}
-	return nil
+	return t.putIndex(ctx, seg.Partition, f)
+}
+
+// putIndex ships the partition's index file as it is now.
+func (t *Tierer) putIndex(ctx context.Context, partition string, f *idx.File) error {
+	var data []byte
+	var err error
+	f.View(func(x *idx.Index) {
+		data, err = os.ReadFile(f.Path())
+		data = data[:min(int64(len(data)), x.Size())]
+	})
+	if err != nil {
+		return err
+	}
+	_, err = t.cfg.Store.Put(ctx, partition+"/"+idx.FileName, bytes.NewReader(data), int64(len(data)))
+	return err
 }
 
 func nextOrMax(n int64) int64 {

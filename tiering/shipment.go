@@ -1,0 +1,318 @@
+package tiering
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"os"
+	"path/filepath"
+	"sort"
+	"strings"
+	"time"
+
+	"golang.org/x/sys/unix"
+
+	"github.com/tierfs/tierfs/chunkxfer"
+	"github.com/tierfs/tierfs/chunkxfer/store"
+	"github.com/tierfs/tierfs/idx"
+)
+
+// A Shipment is the catalog entry of one shipped version of a segment:
+// every object it may have put in the store, and how to find its file
+// again whatever it was renamed to. It is written before the first byte
+// is sent, so the store never holds an object that no shipment names, and
+// it goes only after those objects were deleted. Shipments live in the
+// state dir, shipments/<partition>/<object name>.json.
+type Shipment struct {
+	Version   int      `json:"v"`
+	State     string   `json:"state"` // shipping, shipped or deleting
+	Partition string   `json:"partition"`
+	Base      int64    `json:"base"`
+	Key       string   `json:"key"`      // the .log object
+	Objects   []string `json:"objects"`  // every object, manifests included
+	Manifest  string   `json:"manifest"` // the local manifest copy, relative to the state dir
+	Ino       uint64   `json:"ino"`
+	// Handle is the file's handle (name_to_handle_at): it opens the inode
+	// while it exists, under any name or none (unlinked but still open),
+	// and fails with ESTALE once it is gone. Empty where the file system
+	// has no handles; such shipments are never deleted automatically.
+	HandleType int32     `json:"handle_type,omitempty"`
+	Handle     []byte    `json:"handle,omitempty"`
+	Since      time.Time `json:"since"` // of the current state
+}
+
+// Shipment states besides the segment states of the record.
+const (
+	StateShipping = "shipping" // objects may be partly in the store
+	StateDeleting = "deleting" // the file is gone; its objects are being deleted
+)
+
+func shipmentPath(stateDir, partition, key string) string {
+	return filepath.Join(stateDir, "shipments", partition, filepath.Base(key)+".json")
+}
+
+func writeShipment(stateDir string, s Shipment) error {
+	s.Version = 1
+	b, err := json.Marshal(s)
+	if err != nil {
+		return err
+	}
+	return writeFileAtomic(shipmentPath(stateDir, s.Partition, s.Key), b)
+}
+
+// loadShipments reads every shipment in the state dir, by partition and
+// base offset.
+func loadShipments(stateDir string) ([]Shipment, error) {
+	paths, err := filepath.Glob(filepath.Join(stateDir, "shipments", "*", "*.json"))
+	if err != nil {
+		return nil, err
+	}
+	var out []Shipment
+	for _, p := range paths {
+		b, err := os.ReadFile(p)
+		if err != nil {
+			if os.IsNotExist(err) {
+				continue
+			}
+			return nil, err
+		}
+		var s Shipment
+		if err := json.Unmarshal(b, &s); err != nil {
+			return nil, fmt.Errorf("shipment %s: %w", p, err)
+		}
+		out = append(out, s)
+	}
+	sort.Slice(out, func(i, j int) bool {
+		if out[i].Partition != out[j].Partition {
+			return out[i].Partition < out[j].Partition
+		}
+		return out[i].Base < out[j].Base
+	})
+	return out, nil
+}
+
+// fileHandle is the handle of the file at path, or none where the file
+// system has no handles.
+func fileHandle(path string) (int32, []byte, error) {
+	h, _, err := unix.NameToHandleAt(unix.AT_FDCWD, path, 0)
+	if err != nil {
+		return 0, nil, err
+	}
+	return h.Type(), h.Bytes(), nil
+}
+
+// errNoHandle marks a shipment whose file cannot be looked for.
+var errNoHandle = errors.New("no file handle (the backing file system has none)")
+
+// alive says whether the file a shipment was made of still holds that
+// version: its inode exists (under any name) and its record names the
+// shipment's key, or it is still being shipped.
+func (t *Tierer) alive(rootFd int, s Shipment) (bool, error) {
+	if len(s.Handle) == 0 {
+		return true, errNoHandle
+	}
+	fd, err := unix.OpenByHandleAt(rootFd, unix.NewFileHandle(s.HandleType, s.Handle), unix.O_RDONLY|unix.O_CLOEXEC|unix.O_NONBLOCK)
+	if errors.Is(err, unix.ESTALE) || errors.Is(err, unix.ENOENT) {
+		return false, nil
+	}
+	if err != nil {
+		return true, fmt.Errorf("look for the file of %s: %w", s.Key, err)
+	}
+	defer unix.Close(fd)
+	rec, has, err := readRecordFd(fd, s.Key)
+	switch {
+	case err != nil:
+		return true, err
+	case has && rec.Key == s.Key:
+		return true, nil
+	case has:
+		return false, nil // the file now holds another shipped version
+	case s.State == StateShipping:
+		return true, nil // not recorded yet: Ship finishes or redoes it
+	}
+	return false, nil // its record went: the file changed after it shipped
+}
+
+// followDeletions deletes the objects of every shipment whose file the
+// broker deleted (retention, the log cleaner, truncation, a deleted
+// topic), and the index entries that point at them.
+func (t *Tierer) followDeletions(ctx context.Context) (int, []error) {
+	ships, err := loadShipments(t.cfg.StateDir)
+	if err != nil {
+		return 0, []error{err}
+	}
+	rootFd, err := unix.Open(t.cfg.Root, unix.O_RDONLY|unix.O_DIRECTORY|unix.O_CLOEXEC, 0)
+	if err != nil {
+		return 0, []error{err}
+	}
+	defer unix.Close(rootFd)
+	var errs []error
+	deleted := 0
+	live := map[string]int{} // partition/base → live shipments there
+	var gone []Shipment
+	for _, s := range ships {
+		if s.State != StateDeleting {
+			ok, err := t.alive(rootFd, s)
+			if errors.Is(err, errNoHandle) {
+				t.noHandleOnce.Do(func() {
+					t.cfg.Log.Warn("the backing file system has no file handles: remote objects of deleted segments are kept", "key", s.Key)
+				})
+			} else if err != nil {
+				errs = append(errs, err)
+			}
+			if ok {
+				live[fmt.Sprintf("%s/%d", s.Partition, s.Base)]++
+				continue
+			}
+		}
+		gone = append(gone, s)
+	}
+	touched := map[string]bool{}
+	for _, s := range gone {
+		if !t.claim("key:" + s.Key) {
+			continue
+		}
+		err := t.deleteShipment(ctx, s, live[fmt.Sprintf("%s/%d", s.Partition, s.Base)] > 0)
+		t.release("key:" + s.Key)
+		if err != nil {
+			errs = append(errs, fmt.Errorf("delete remote copy %s: %w", s.Key, err))
+			continue
+		}
+		touched[s.Partition] = true
+		deleted++
+	}
+	for p := range touched {
+		if err := t.dropEmptyIndex(ctx, p); err != nil {
+			errs = append(errs, err)
+		}
+	}
+	return deleted, errs
+}
+
+// deleteShipment deletes one gone shipment: marked deleting first, then
+// its index entries become tombstones (and the index is shipped), then
+// its objects go, then the shipment. Every step can be repeated, so a
+// crash anywhere is finished by the next pass.
+func (t *Tierer) deleteShipment(ctx context.Context, s Shipment, baseInUse bool) error {
+	if s.State != StateDeleting {
+		s.State, s.Since = StateDeleting, t.cfg.Now()
+		if err := writeShipment(t.cfg.StateDir, s); err != nil {
+			return err
+		}
+		t.cfg.Log.Info("segment deleted by the broker; deleting its remote copy", "key", s.Key)
+	}
+	unlock := t.lockPartition(s.Partition)
+	f, err := t.indexFile(s.Partition)
+	if err != nil {
+		unlock()
+		return err
+	}
+	n, err := f.Tombstone(func(e idx.Entry) bool { return strings.HasPrefix(string(e.RDI), s.Key+"@") })
+	if err == nil && n > 0 {
+		err = t.putIndex(ctx, s.Partition, f)
+	}
+	if err == nil && !baseInUse {
+		// No other version of the segment is shipped: its remote indexes go.
+		for _, name := range []string{idx.RemoteOffsetIndexName(s.Base), idx.RemoteTimeIndexName(s.Base)} {
+			if err = deleteObject(ctx, t.cfg.Store, s.Partition+"/"+name); err != nil {
+				break
+			}
+			if rerr := os.Remove(filepath.Join(filepath.Dir(f.Path()), name)); rerr != nil && !os.IsNotExist(rerr) {
+				err = rerr
+				break
+			}
+		}
+	}
+	unlock()
+	if err != nil {
+		return err
+	}
+	// Manifests first, so no manifest ever names a missing object.
+	objs := append([]string(nil), s.Objects...)
+	sort.SliceStable(objs, func(i, j int) bool {
+		return strings.HasSuffix(objs[i], chunkxfer.ManifestKey("")) && !strings.HasSuffix(objs[j], chunkxfer.ManifestKey(""))
+	})
+	for _, k := range objs {
+		if !strings.HasSuffix(k, chunkxfer.ManifestKey("")) {
+			if err := t.up.Abandon(ctx, k); err != nil {
+				return err
+			}
+		}
+		if err := deleteObject(ctx, t.cfg.Store, k); err != nil {
+			return err
+		}
+	}
+	if s.Manifest != "" {
+		if err := os.Remove(filepath.Join(t.cfg.StateDir, s.Manifest)); err != nil && !os.IsNotExist(err) {
+			return err
+		}
+	}
+	if err := os.Remove(shipmentPath(t.cfg.StateDir, s.Partition, s.Key)); err != nil && !os.IsNotExist(err) {
+		return err
+	}
+	t.cfg.Log.Info("deleted remote copy", "key", s.Key, "objects", len(s.Objects), "index_entries", n)
+	return nil
+}
+
+func deleteObject(ctx context.Context, s store.Store, key string) error {
+	if err := s.Delete(ctx, key); err != nil && !errors.Is(err, store.ErrNotFound) {
+		return err
+	}
+	return nil
+}
+
+// dropEmptyIndex removes a partition's index, here and in the store,
+// once nothing of the partition is shipped any more (its topic was
+// deleted, or retention removed everything that was shipped).
+func (t *Tierer) dropEmptyIndex(ctx context.Context, partition string) error {
+	ships, err := filepath.Glob(filepath.Join(t.cfg.StateDir, "shipments", partition, "*.json"))
+	if err != nil || len(ships) > 0 {
+		return err
+	}
+	unlock := t.lockPartition(partition)
+	defer unlock()
+	f, err := t.indexFile(partition)
+	if err != nil {
+		return err
+	}
+	if f.Len() > 0 {
+		return nil
+	}
+	if err := deleteObject(ctx, t.cfg.Store, partition+"/"+idx.FileName); err != nil {
+		return err
+	}
+	t.mu.Lock()
+	delete(t.indexes, partition)
+	t.mu.Unlock()
+	f.Close()
+	os.Remove(filepath.Join(t.cfg.StateDir, "shipments", partition))
+	return os.RemoveAll(filepath.Dir(f.Path()))
+}
+
+// writeFileAtomic writes a small state file beside itself, syncs it and
+// renames it into place.
+func writeFileAtomic(path string, b []byte) error {
+	if err := os.MkdirAll(filepath.Dir(path), 0o755); err != nil {
+		return err
+	}
+	tmp := path + ".tmp"
+	f, err := os.OpenFile(tmp, os.O_WRONLY|os.O_CREATE|os.O_TRUNC, 0o644)
+	if err != nil {
+		return err
+	}
+	_, err = f.Write(b)
+	if err == nil {
+		err = f.Sync()
+	}
+	if cerr := f.Close(); err == nil {
+		err = cerr
+	}
+	if err == nil {
+		err = os.Rename(tmp, path)
+	}
+	if err != nil {
+		os.Remove(tmp)
+	}
+	return err
+}
