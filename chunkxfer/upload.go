@@ -38,6 +38,10 @@ type Uploader struct {
 	Settle time.Duration
 	Log    *slog.Logger
 	Now    func() time.Time // nil: time.Now
+	// Limit, when set, bounds the bytes per second of all uploads (a
+	// golang.org/x/time/rate.Limiter is one); each part waits for its
+	// bytes before it is sent.
+	Limit Limiter
 
 	// afterPart, when set (tests), runs after each confirmed part;
 	// onStart when the parts to upload are known (fresh: no journal
@@ -45,6 +49,16 @@ type Uploader struct {
 	afterPart func(part int32)
 	onStart   func(resumed int, fresh bool)
 }
+
+// Limiter paces bytes.
+type Limiter interface {
+	WaitN(ctx context.Context, n int) error
+	Burst() int
+}
+
+// Progress is told, after each confirmed part, how many of a file's
+// bytes are in the store.
+type Progress func(done, total int64)
 
 // uploadHeader is the first line of an upload journal.
 type uploadHeader struct {
@@ -94,6 +108,12 @@ func statSource(f *os.File) (Source, error) {
 // the same unchanged file from its journal, and stores the manifest. It
 // returns the manifest once the object is complete.
 func (u *Uploader) Upload(ctx context.Context, path, key string) (*Manifest, error) {
+	return u.UploadProgress(ctx, path, key, nil)
+}
+
+// UploadProgress is Upload, telling progress (which may be nil) how far
+// it got.
+func (u *Uploader) UploadProgress(ctx context.Context, path, key string, progress Progress) (*Manifest, error) {
 	f, err := os.Open(path)
 	if err != nil {
 		return nil, err
@@ -126,6 +146,7 @@ func (u *Uploader) Upload(ctx context.Context, path, key string) (*Manifest, err
 	if err != nil {
 		return nil, err
 	}
+	t.progress = progress
 	m, err := t.run(ctx, f)
 	if err != nil {
 		t.j.close()
@@ -144,7 +165,10 @@ type upload struct {
 	j      *journal
 	mu     sync.Mutex
 	parts  map[int32]partRecord // confirmed; GUARDED_BY(mu)
+	done   int64                // bytes of the confirmed parts; GUARDED_BY(mu)
 	nParts int32
+
+	progress Progress
 }
 
 // start resumes the journaled upload of key if it is for this very file,
@@ -272,9 +296,14 @@ func (t *upload) run(ctx context.Context, f *os.File) (*Manifest, error) {
 	}
 	var todo []int32
 	for n := int32(1); n <= t.nParts; n++ {
-		if _, ok := t.parts[n]; !ok {
+		if r, ok := t.parts[n]; !ok {
 			todo = append(todo, n)
+		} else {
+			t.done += r.Size
 		}
+	}
+	if t.progress != nil {
+		t.progress(t.done, size)
 	}
 	if err := t.uploadParts(ctx, f, todo); err != nil {
 		return nil, err
@@ -388,6 +417,9 @@ func (t *upload) uploadPart(ctx context.Context, f *os.File, n int32, buf []byte
 	var p store.Part
 	err := defaultRetry.do(ctx, func() error {
 		var err error
+		if err := pace(ctx, t.u.Limit, size); err != nil {
+			return err
+		}
 		p, err = t.u.Store.UploadPart(ctx, t.h.Key, t.h.UploadID, n, bytes.NewReader(buf), size)
 		return err
 	})
@@ -400,7 +432,12 @@ func (t *upload) uploadPart(ctx context.Context, f *os.File, n int32, buf []byte
 	}
 	t.mu.Lock()
 	t.parts[n] = rec
+	t.done += size
+	done := t.done
 	t.mu.Unlock()
+	if t.progress != nil {
+		t.progress(done, t.h.Source.Size)
+	}
 	if t.u.afterPart != nil {
 		t.u.afterPart(n)
 	}
@@ -473,4 +510,22 @@ func (u *Uploader) finishCompleted(ctx context.Context, path, key string, src So
 		u.onStart(int(n), false)
 	}
 	return m, nil
+}
+
+// pace waits until lim allows n more bytes (in pieces of its burst).
+// Whole parts are paced before they are sent, not as the store reads
+// them: a store may read a body twice (to sign it, then to send it).
+func pace(ctx context.Context, lim Limiter, n int64) error {
+	if lim == nil {
+		return nil
+	}
+	burst := int64(max(lim.Burst(), 1))
+	for n > 0 {
+		k := min(n, burst)
+		if err := lim.WaitN(ctx, int(k)); err != nil {
+			return err
+		}
+		n -= k
+	}
+	return nil
 }

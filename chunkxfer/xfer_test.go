@@ -535,3 +535,81 @@ func TestUploadFinishesACompletedUpload(t *testing.T) {
 		t.Fatalf("journal left: %v", ents)
 	}
 }
+
+// countingLimiter is a Limiter that lets everything through and counts.
+type countingLimiter struct {
+	mu    sync.Mutex
+	bytes int64
+	calls int
+}
+
+func (c *countingLimiter) WaitN(ctx context.Context, n int) error {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if n > c.Burst() {
+		return fmt.Errorf("wait of %d exceeds the burst", n)
+	}
+	c.bytes += int64(n)
+	c.calls++
+	return ctx.Err()
+}
+
+func (c *countingLimiter) Burst() int { return 1000 }
+
+// TestUploadPacedWithProgress: every byte sent waits for the limiter, in
+// pieces within its burst; progress grows to the size, and a resumed
+// upload starts from what was confirmed; Abandon leaves no upload behind.
+func TestUploadPacedWithProgress(t *testing.T) {
+	ctx := context.Background()
+	dir := t.TempDir()
+	s := store.NewMem(nil)
+	path := filepath.Join(dir, "f")
+	const cs = 4096
+	randomFile(t, path, 5*cs+7, 1)
+	lim := &countingLimiter{}
+	up := &Uploader{Store: s, JournalDir: filepath.Join(dir, "journal"), ChunkSize: cs, Parallel: 1, Limit: lim}
+	// The third part fails: the upload stops with two confirmed.
+	s.Inject(store.Fault{Op: store.OpPart, Skip: 2, Err: errors.New("injected")})
+	var seen []int64
+	if _, err := up.UploadProgress(ctx, path, "k", func(done, total int64) { seen = append(seen, done) }); err == nil {
+		t.Fatal("upload did not fail")
+	}
+	if fmt.Sprint(seen) != fmt.Sprint([]int64{0, cs, 2 * cs}) {
+		t.Fatalf("progress %v", seen)
+	}
+	first := lim.bytes
+	if first < 3*cs || first%cs != 0 {
+		t.Fatalf("limiter saw %d bytes for two parts and the failing one's attempts", first)
+	}
+	s.ClearFaults()
+	seen = nil
+	var total int64
+	if _, err := up.UploadProgress(ctx, path, "k", func(done, tot int64) { seen = append(seen, done); total = tot }); err != nil {
+		t.Fatal(err)
+	}
+	if seen[0] != 2*cs || seen[len(seen)-1] != 5*cs+7 || total != 5*cs+7 {
+		t.Fatalf("resumed progress %v of %d", seen, total)
+	}
+	// The resumed upload sends (and waits for) the three parts left.
+	if got, want := lim.bytes-first, int64(3*cs+7); got != want || lim.calls < int(lim.bytes/1000) {
+		t.Fatalf("limiter saw %d bytes in %d calls, want %d", got, lim.calls, want)
+	}
+	// An upload given up for good: its journal and parts go.
+	path2 := filepath.Join(dir, "g")
+	randomFile(t, path2, 3*cs, 2)
+	s.Inject(store.Fault{Op: store.OpPart, Skip: 1, Err: errors.New("injected")})
+	if _, err := up.Upload(ctx, path2, "g"); err == nil {
+		t.Fatal("upload did not fail")
+	}
+	if ents, _ := os.ReadDir(filepath.Join(dir, "journal")); len(ents) != 1 {
+		t.Fatalf("journals: %v", ents)
+	}
+	s.ClearFaults()
+	if err := up.Abandon(ctx, "g"); err != nil {
+		t.Fatal(err)
+	}
+	if ents, _ := os.ReadDir(filepath.Join(dir, "journal")); len(ents) != 0 {
+		t.Fatalf("journals left: %v", ents)
+	}
+	noUploads(t, s)
+}

@@ -55,36 +55,53 @@ func Scan(root string) ([]Partition, error) {
 		if !ok || pd.State != kafka.DirLive || pd.Topic == "__cluster_metadata" {
 			continue
 		}
-		p := Partition{Name: de.Name(), TP: kafka.TopicPartition{Topic: pd.Topic, Partition: pd.Partition}, Dir: filepath.Join(root, de.Name())}
-		files, err := os.ReadDir(p.Dir)
+		p, err := scanPartition(root, de.Name(), pd)
 		if err != nil {
 			continue // removed meanwhile
-		}
-		for _, f := range files {
-			sn, ok := kafka.ParseSegmentName(f.Name())
-			if !ok || sn.Kind != kafka.KindLog || sn.Suffix != "" || !f.Type().IsRegular() {
-				continue
-			}
-			fi, err := f.Info()
-			if err != nil {
-				continue
-			}
-			var ino uint64
-			if st, ok := fi.Sys().(*syscall.Stat_t); ok {
-				ino = st.Ino
-			}
-			p.Segments = append(p.Segments, Segment{Partition: p.Name, TP: p.TP, Base: sn.BaseOffset, Path: filepath.Join(p.Dir, f.Name()), Size: fi.Size(), Mtime: fi.ModTime(), Ino: ino})
-		}
-		slices.SortFunc(p.Segments, func(a, b Segment) int { return cmp.Compare(a.Base, b.Base) })
-		for i := range p.Segments {
-			p.Segments[i].Next = -1
-			if i+1 < len(p.Segments) {
-				p.Segments[i].Next = p.Segments[i+1].Base
-			}
 		}
 		out = append(out, p)
 	}
 	return out, nil
+}
+
+// ScanPartition lists the segments of the live partition dir name.
+func ScanPartition(root, name string) (Partition, error) {
+	pd, ok := kafka.ParsePartitionDir(name)
+	if !ok || pd.State != kafka.DirLive || pd.Topic == "__cluster_metadata" {
+		return Partition{}, fmt.Errorf("%s is not a live partition directory", name)
+	}
+	return scanPartition(root, name, pd)
+}
+
+func scanPartition(root, name string, pd kafka.PartitionDir) (Partition, error) {
+	p := Partition{Name: name, TP: kafka.TopicPartition{Topic: pd.Topic, Partition: pd.Partition}, Dir: filepath.Join(root, name)}
+	files, err := os.ReadDir(p.Dir)
+	if err != nil {
+		return p, err
+	}
+	for _, f := range files {
+		sn, ok := kafka.ParseSegmentName(f.Name())
+		if !ok || sn.Kind != kafka.KindLog || sn.Suffix != "" || !f.Type().IsRegular() {
+			continue
+		}
+		fi, err := f.Info()
+		if err != nil {
+			continue
+		}
+		var ino uint64
+		if st, ok := fi.Sys().(*syscall.Stat_t); ok {
+			ino = st.Ino
+		}
+		p.Segments = append(p.Segments, Segment{Partition: p.Name, TP: p.TP, Base: sn.BaseOffset, Path: filepath.Join(p.Dir, f.Name()), Size: fi.Size(), Mtime: fi.ModTime(), Ino: ino})
+	}
+	slices.SortFunc(p.Segments, func(a, b Segment) int { return cmp.Compare(a.Base, b.Base) })
+	for i := range p.Segments {
+		p.Segments[i].Next = -1
+		if i+1 < len(p.Segments) {
+			p.Segments[i].Next = p.Segments[i+1].Base
+		}
+	}
+	return p, nil
 }
 
 // Checkpoints are the broker's offsets that bound what may be shipped.

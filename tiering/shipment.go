@@ -176,7 +176,7 @@ func (t *Tierer) followDeletions(ctx context.Context) (int, []error) {
 		err := t.deleteShipment(ctx, s, live[fmt.Sprintf("%s/%d", s.Partition, s.Base)] > 0)
 		t.release("key:" + s.Key)
 		if err != nil {
-			errs = append(errs, fmt.Errorf("delete remote copy %s: %w", s.Key, err))
+			errs = append(errs, t.noteErr(s.Partition, fmt.Errorf("delete remote copy %s: %w", s.Key, err)))
 			continue
 		}
 		touched[s.Partition] = true

@@ -8,6 +8,7 @@ import (
 	"fmt"
 	"hash/fnv"
 	"log/slog"
+	"maps"
 	"math"
 	"os"
 	"path/filepath"
@@ -19,6 +20,7 @@ import (
 	"time"
 
 	"golang.org/x/sys/unix"
+	"golang.org/x/time/rate"
 
 	"github.com/tierfs/tierfs/chunkxfer"
 	"github.com/tierfs/tierfs/chunkxfer/store"
@@ -44,6 +46,7 @@ type Config struct {
 	LocalRetentionAge   time.Duration
 	LocalRetentionBytes int64
 	Concurrency         int   // segments shipped at once (default 2)
+	ShipRate            int64 // bytes per second of all uploads together (0: no limit)
 	ChunkSize           int64 // transfer chunk size (default chunkxfer's)
 	Gate                *Gate // shared with the file system (nil: a private one)
 	Cache               *chunkxfer.Cache
@@ -62,6 +65,28 @@ type Tierer struct {
 	busy    map[string]bool        // segments being shipped or evicted, keys being shipped or deleted; GUARDED_BY(mu)
 
 	noHandleOnce sync.Once
+	lastErr      map[string]PartitionError // by partition; GUARDED_BY(mu)
+}
+
+// PartitionError is the last thing that went wrong with a partition.
+type PartitionError struct {
+	Time time.Time `json:"time"`
+	Err  string    `json:"error"`
+}
+
+// noteErr remembers err as the partition's last error and returns it.
+func (t *Tierer) noteErr(partition string, err error) error {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	t.lastErr[partition] = PartitionError{Time: t.cfg.Now(), Err: err.Error()}
+	return err
+}
+
+// LastErrors are the last error of each partition that had one.
+func (t *Tierer) LastErrors() map[string]PartitionError {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	return maps.Clone(t.lastErr)
 }
 
 // New makes a Tierer; it touches nothing until RunOnce.
@@ -91,7 +116,7 @@ func New(cfg Config) (*Tierer, error) {
 		}
 		cfg.Cache = c
 	}
-	t := &Tierer{cfg: cfg, indexes: map[string]*idx.File{}, plocks: map[string]*sync.Mutex{}, busy: map[string]bool{}, ready: make(chan struct{})}
+	t := &Tierer{cfg: cfg, indexes: map[string]*idx.File{}, plocks: map[string]*sync.Mutex{}, lastErr: map[string]PartitionError{}, busy: map[string]bool{}, ready: make(chan struct{})}
 	if cfg.Root != "" && cfg.StateDir != "" {
 		t.SetRoot(cfg.Root, cfg.StateDir)
 	}
@@ -103,6 +128,9 @@ func New(cfg Config) (*Tierer, error) {
 func (t *Tierer) SetRoot(root, stateDir string) {
 	t.cfg.Root, t.cfg.StateDir = root, stateDir
 	t.up = &chunkxfer.Uploader{Store: t.cfg.Store, JournalDir: filepath.Join(stateDir, "journal"), ChunkSize: t.cfg.ChunkSize, Parallel: 4, Log: t.cfg.Log}
+	if t.cfg.ShipRate > 0 {
+		t.up.Limit = rate.NewLimiter(rate.Limit(t.cfg.ShipRate), int(min(t.cfg.ShipRate, 1<<20)))
+	}
 	close(t.ready)
 }
 
@@ -195,7 +223,7 @@ func (t *Tierer) shipPartition(ctx context.Context, p Partition, cp Checkpoints,
 	for _, seg := range p.Segments {
 		rec, has, err := readRecord(seg.Path)
 		if err != nil {
-			rep.Errors = append(rep.Errors, err)
+			rep.Errors = append(rep.Errors, t.noteErr(p.Name, err))
 			blocked = "an earlier segment failed"
 			continue
 		}
@@ -205,7 +233,7 @@ func (t *Tierer) shipPartition(ctx context.Context, p Partition, cp Checkpoints,
 			// ships again when it is eligible.
 			t.cfg.Log.Warn("shipped segment changed; its remote copy is stale", "segment", seg.Path, "key", rec.Key)
 			if err := unix.Removexattr(seg.Path, recordXattr); err != nil {
-				rep.Errors = append(rep.Errors, err)
+				rep.Errors = append(rep.Errors, t.noteErr(p.Name, err))
 				blocked = "an earlier segment failed"
 				continue
 			}
@@ -214,7 +242,7 @@ func (t *Tierer) shipPartition(ctx context.Context, p Partition, cp Checkpoints,
 		if has {
 			if rec.State == StateRemote {
 				if fixed, err := t.finishEvict(seg, rec); err != nil {
-					rep.Errors = append(rep.Errors, err)
+					rep.Errors = append(rep.Errors, t.noteErr(p.Name, err))
 				} else if fixed {
 					rep.Recovered++
 				}
@@ -238,8 +266,8 @@ func (t *Tierer) shipPartition(ctx context.Context, p Partition, cp Checkpoints,
 			blocked = "an earlier segment waits"
 			continue
 		}
-		if err := t.Ship(ctx, seg); err != nil {
-			rep.Errors = append(rep.Errors, fmt.Errorf("ship %s: %w", seg.Path, err))
+		if err := t.Ship(ctx, seg, nil); err != nil {
+			rep.Errors = append(rep.Errors, t.noteErr(p.Name, fmt.Errorf("ship %s: %w", seg.Path, err)))
 			blocked = "an earlier segment failed"
 			continue
 		}
@@ -347,7 +375,7 @@ func (t *Tierer) release(path string) {
 // records its index entries and marks it shipped. Every step can be
 // repeated: after a crash the next pass resumes the upload and skips
 // what is done.
-func (t *Tierer) Ship(ctx context.Context, seg Segment) error {
+func (t *Tierer) Ship(ctx context.Context, seg Segment, progress chunkxfer.Progress) error {
 	if !t.claim(seg.Path) {
 		return nil
 	}
@@ -366,7 +394,7 @@ func (t *Tierer) Ship(ctx context.Context, seg Segment) error {
 	if err != nil {
 		return err
 	}
-	m, err := t.up.Upload(ctx, seg.Path, key)
+	m, err := t.up.UploadProgress(ctx, seg.Path, key, progress)
 	if err != nil {
 		return err
 	}
@@ -577,7 +605,7 @@ func (t *Tierer) evictUnderRetention(ctx context.Context, parts []Partition, now
 		for _, seg := range p.Segments {
 			rec, has, err := readRecord(seg.Path)
 			if err != nil {
-				errs = append(errs, err)
+				errs = append(errs, t.noteErr(p.Name, err))
 				continue
 			}
 			if has && rec.State == StateRemote {
@@ -596,7 +624,7 @@ func (t *Tierer) evictUnderRetention(ctx context.Context, parts []Partition, now
 				continue
 			}
 			if err := t.Evict(c.seg.Path); err != nil {
-				errs = append(errs, fmt.Errorf("evict %s: %w", c.seg.Path, err))
+				errs = append(errs, t.noteErr(p.Name, fmt.Errorf("evict %s: %w", c.seg.Path, err)))
 				continue
 			}
 			local -= c.seg.Size

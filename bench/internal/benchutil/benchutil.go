@@ -3,6 +3,8 @@
 package benchutil
 
 import (
+	"github.com/tierfs/tierfs/internal/units"
+
 	"context"
 	"fmt"
 	"io"
@@ -13,8 +15,6 @@ import (
 	"github.com/aws/aws-sdk-go-v2/aws"
 	"github.com/aws/aws-sdk-go-v2/service/s3"
 	"slices"
-	"strconv"
-	"strings"
 )
 
 // Median is the middle value (the upper one of an even count); 0 for none.
@@ -27,24 +27,13 @@ func Median(xs []float64) float64 {
 	return s[len(s)/2]
 }
 
-// ParseSize reads a positive size in bytes, with an optional KiB, MiB or
-// GiB suffix.
+// ParseSize reads a positive size in bytes (units.ParseSize).
 func ParseSize(s string) (int64, error) {
-	mult := int64(1)
-	for _, u := range []struct {
-		suffix string
-		m      int64
-	}{{"KiB", 1 << 10}, {"MiB", 1 << 20}, {"GiB", 1 << 30}} {
-		if strings.HasSuffix(s, u.suffix) {
-			s, mult = strings.TrimSuffix(s, u.suffix), u.m
-			break
-		}
+	n, err := units.ParseSize(s)
+	if err == nil && n == 0 {
+		err = fmt.Errorf("size %q is zero", s)
 	}
-	n, err := strconv.ParseInt(s, 10, 64)
-	if err != nil || n <= 0 {
-		return 0, fmt.Errorf("bad size %q", s)
-	}
-	return n * mult, nil
+	return n, err
 }
 
 // Time runs fn and says how long it took.

@@ -1,0 +1,64 @@
+package tiering
+
+import (
+	"context"
+	"errors"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/tierfs/tierfs/chunkxfer/store"
+)
+
+func TestShipAndEvictByHand(t *testing.T) {
+	root, bases, sums := logDir(t)
+	s := store.NewMem(nil)
+	tr, err := New(Config{Root: root, StateDir: filepath.Join(root, ".tierfs"), Store: s, Policy: Policy{ShipAfter: 1000 * time.Hour}, ChunkSize: 64 << 10, ShipRate: 1 << 40})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer tr.Close()
+	if rep := mustPass(t, tr); rep.Shipped != 0 {
+		t.Fatalf("shipped by itself: %+v", rep)
+	}
+	ctx := context.Background()
+	b := bases["orders-0"]
+	rel := func(i int) string { return "orders-0/" + kafkaName(b[i], ".log") }
+	var last, total int64
+	st, err := tr.ShipNow(ctx, rel(0), func(done, tot int64) { last, total = done, tot })
+	if err != nil || st != StateShipped || last != total || total == 0 {
+		t.Fatalf("ship: %s %v, progress %d/%d", st, err, last, total)
+	}
+	// By hand, the age does not count; the broker's state does.
+	for i, want := range map[int]string{2: "not flushed", 3: "active segment"} {
+		if _, err := tr.ShipNow(ctx, rel(i), nil); !errors.Is(err, ErrNotEligible) || !strings.Contains(err.Error(), want) {
+			t.Errorf("segment %d: %v", i, err)
+		}
+	}
+	for _, bad := range []string{"../etc/passwd", "orders-0", "orders-0/" + kafkaName(b[0], ".index"), "nope-0/x.log"} {
+		if _, err := tr.ShipNow(ctx, bad, nil); err == nil {
+			t.Errorf("%s shipped", bad)
+		}
+	}
+	// Evict ships first when it has to.
+	st, err = tr.EvictNow(ctx, rel(1), nil)
+	if err != nil || st != StateRemote {
+		t.Fatalf("evict: %s %v", st, err)
+	}
+	p := filepath.Join(root, rel(1))
+	if sha(readAll(t, tr, p)) != sums[p] {
+		t.Fatal("evicted segment does not read back")
+	}
+	if st, err := tr.EvictNow(ctx, rel(1), nil); err != nil || st != StateRemote {
+		t.Fatalf("second evict: %s %v", st, err)
+	}
+	// A failure is remembered as the partition's last error.
+	s.Inject(store.Fault{Op: store.OpCreate, Err: errors.New("injected outage")})
+	if _, err := tr.EvictNow(ctx, "orders-1/"+kafkaName(bases["orders-1"][0], ".log"), nil); err == nil {
+		t.Fatal("evict with the store down")
+	}
+	if e := tr.LastErrors()["orders-1"]; !strings.Contains(e.Err, "injected outage") || e.Time.IsZero() {
+		t.Fatalf("last errors: %+v", tr.LastErrors())
+	}
+}
