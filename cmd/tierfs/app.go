@@ -46,6 +46,8 @@ func Main(args []string) error {
 			cmdIndex(),
 			cmdStore(),
 			cmdStatus(),
+			cmdShip(),
+			cmdEvict(),
 		},
 		HideHelpCommand: true,
 	}

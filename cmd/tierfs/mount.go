@@ -1,6 +1,9 @@
 package main
 
 import (
+	"github.com/tierfs/tierfs/control"
+	"github.com/tierfs/tierfs/internal/units"
+
 	"context"
 	"errors"
 	"fmt"
@@ -35,6 +38,7 @@ func cmdMount() *cli.Command {
 			&cli.DurationFlag{Name: "ship-after", Value: 10 * time.Minute, Usage: "ship a rolled, flushed, committed segment once it is this old", EnvVars: []string{"TIERFS_SHIP_AFTER"}},
 			&cli.DurationFlag{Name: "local-retention-age", Usage: "free the local bytes of shipped segments older than this (0: no age limit)", EnvVars: []string{"TIERFS_LOCAL_RETENTION_AGE"}},
 			&cli.Int64Flag{Name: "local-retention-bytes", Usage: "keep at most this many bytes of segments local per partition, freeing the oldest shipped first (0: no limit)", EnvVars: []string{"TIERFS_LOCAL_RETENTION_BYTES"}},
+			&cli.StringFlag{Name: "ship-rate", Usage: "bytes per second for all uploads together, e.g. 50MiB (0: no limit)", Value: "0", EnvVars: []string{"TIERFS_SHIP_RATE"}},
 			&cli.IntFlag{Name: "ship-concurrency", Value: 2, Usage: "segments shipped at once", EnvVars: []string{"TIERFS_SHIP_CONCURRENCY"}},
 			&cli.DurationFlag{Name: "tier-interval", Value: 30 * time.Second, Usage: "how often the tierer looks for work", EnvVars: []string{"TIERFS_TIER_INTERVAL"}},
 			&cli.Int64Flag{Name: "cache-bytes", Value: 256 << 20, Usage: "memory for chunks of remote files", EnvVars: []string{"TIERFS_CACHE_BYTES"}},
@@ -67,10 +71,14 @@ func runMount(c *cli.Context) error {
 	}
 	var tierer *tiering.Tierer
 	var tier fs.Tiering
+	var shipRate int64
 	if url := c.String("remote"); url != "" {
 		st, err := openStore(c, url)
 		if err != nil {
 			return err
+		}
+		if shipRate, err = units.ParseSize(c.String("ship-rate")); err != nil {
+			return &exitError{code: 2, err: fmt.Errorf("--ship-rate: %w", err)}
 		}
 		cache, err := chunkxfer.NewCache(c.Int64("cache-bytes"))
 		if err != nil {
@@ -82,6 +90,7 @@ func runMount(c *cli.Context) error {
 			LocalRetentionAge:   c.Duration("local-retention-age"),
 			LocalRetentionBytes: c.Int64("local-retention-bytes"),
 			Concurrency:         c.Int("ship-concurrency"),
+			ShipRate:            shipRate,
 			Cache:               cache,
 			Log:                 log,
 		})
@@ -111,8 +120,14 @@ func runMount(c *cli.Context) error {
 		ctx, cancel := context.WithCancel(context.Background())
 		defer cancel()
 		go tierer.Run(ctx, c.Duration("tier-interval"))
+		srv, err := control.Listen(m.Config.Mountpoint, mountControl{tierer}, log)
+		if err != nil {
+			log.Warn("no control socket: tierfs ship, evict and status cannot reach this mount", "err", err)
+		} else {
+			defer srv.Close()
+		}
 		log.Info("tiering", "remote", redactURL(c.String("remote")), "ship_after", c.Duration("ship-after"),
-			"local_retention_bytes", c.Int64("local-retention-bytes"), "local_retention_age", c.Duration("local-retention-age"))
+			"ship_rate", shipRate, "local_retention_bytes", c.Int64("local-retention-bytes"), "local_retention_age", c.Duration("local-retention-age"))
 	}
 	log.Info("mounted", "mountpoint", m.Config.Mountpoint, "backing", m.Config.Backing,
 		"in_place", m.Config.Mountpoint == m.Config.Backing, "local_files", m.Passthrough.String())

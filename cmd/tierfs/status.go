@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"strings"
 	"syscall"
 	"text/tabwriter"
 	"time"
@@ -23,7 +24,7 @@ func cmdStatus() *cli.Command {
 			if c.NArg() != 1 {
 				return &exitError{code: 2, err: errors.New("status takes one argument: a tierfs mount point (or a backing directory)")}
 			}
-			return status(c.App.Writer, c.Args().First(), time.Now())
+			return status(c.App.Writer, c.Args().First(), time.Now(), lastErrors(c.Args().First()))
 		},
 	}
 }
@@ -46,13 +47,15 @@ func segmentState(path string) string {
 	return rec.State
 }
 
-func status(w io.Writer, root string, now time.Time) error {
+// status prints the table; lastErr holds the running mount's last error
+// per partition, if it answered.
+func status(w io.Writer, root string, now time.Time, lastErr map[string]tiering.PartitionError) error {
 	parts, err := tiering.Scan(root)
 	if err != nil {
 		return err
 	}
 	tw := tabwriter.NewWriter(w, 2, 8, 2, ' ', tabwriter.AlignRight)
-	fmt.Fprintln(tw, "PARTITION\tSEGMENTS\tLOCAL\tSHIPPED\tREMOTE\tON_DISK\tIN_STORE\tOLDEST_LOCAL\tSHIP_LAG\t")
+	fmt.Fprintln(tw, "PARTITION\tSEGMENTS\tLOCAL\tSHIPPED\tREMOTE\tON_DISK\tIN_STORE\tOLDEST_LOCAL\tSHIP_LAG\t  LAST_ERROR")
 	var tot [6]int64
 	for _, p := range parts {
 		var local, shipped, remote, onDisk, inStore int64
@@ -83,14 +86,26 @@ func status(w io.Writer, root string, now time.Time) error {
 				}
 			}
 		}
-		fmt.Fprintf(tw, "%s\t%d\t%d\t%d\t%d\t%s\t%s\t%s\t%s\t\n", p.Name, len(p.Segments), local, shipped, remote,
-			bytesHuman(onDisk), bytesHuman(inStore), age(now, oldestLocal), age(now, oldestUnshipped))
+		fmt.Fprintf(tw, "%s\t%d\t%d\t%d\t%d\t%s\t%s\t%s\t%s\t  %s\n", p.Name, len(p.Segments), local, shipped, remote,
+			bytesHuman(onDisk), bytesHuman(inStore), age(now, oldestLocal), age(now, oldestUnshipped), errorCell(now, lastErr[p.Name]))
 		for i, v := range []int64{int64(len(p.Segments)), local, shipped, remote, onDisk, inStore} {
 			tot[i] += v
 		}
 	}
 	fmt.Fprintf(tw, "total\t%d\t%d\t%d\t%d\t%s\t%s\t\t\t\n", tot[0], tot[1], tot[2], tot[3], bytesHuman(tot[4]), bytesHuman(tot[5]))
 	return tw.Flush()
+}
+
+// errorCell is "<age> ago: <error>", cut to fit a line, or "-".
+func errorCell(now time.Time, e tiering.PartitionError) string {
+	if e.Err == "" {
+		return "-"
+	}
+	msg := strings.Join(strings.Fields(e.Err), " ")
+	if r := []rune(msg); len(r) > 100 {
+		msg = string(r[:99]) + "…"
+	}
+	return age(now, e.Time) + " ago: " + msg
 }
 
 // age is how long ago t was, "-" for none. SHIP_LAG is the age of the

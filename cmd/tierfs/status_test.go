@@ -28,7 +28,8 @@ func TestStatus(t *testing.T) {
 		t.Fatalf("%+v", rep)
 	}
 	var out bytes.Buffer
-	if err := status(&out, root, time.Now()); err != nil {
+	lastErr := map[string]tiering.PartitionError{"t-1": {Time: time.Now().Add(-time.Minute), Err: "ship t-1/x.log: store\n down"}}
+	if err := status(&out, root, time.Now(), lastErr); err != nil {
 		t.Fatal(err)
 	}
 	lines := strings.Split(strings.TrimSpace(out.String()), "\n")
@@ -38,6 +39,9 @@ func TestStatus(t *testing.T) {
 	// t-0: 4 segments, 2 local (the unflushed one and the active one), 0 shipped, 2 remote.
 	if f := strings.Fields(lines[1]); f[0] != "t-0" || f[1] != "4" || f[2] != "2" || f[3] != "0" || f[4] != "2" {
 		t.Fatalf("status line %q", lines[1])
+	}
+	if !strings.HasSuffix(lines[1], " -") || !strings.HasSuffix(lines[2], "1m0s ago: ship t-1/x.log: store down") {
+		t.Fatalf("last error column:\n%s", out.String())
 	}
 	if f := strings.Fields(lines[3]); f[0] != "total" || f[4] != "4" {
 		t.Fatalf("total line %q", lines[3])

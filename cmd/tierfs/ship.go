@@ -1,0 +1,162 @@
+package main
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"os"
+	"os/signal"
+	"path/filepath"
+	"time"
+
+	"github.com/urfave/cli/v2"
+	"github.com/vbauerster/mpb/v8"
+	"github.com/vbauerster/mpb/v8/decor"
+	"golang.org/x/sys/unix"
+
+	"github.com/tierfs/tierfs/chunkxfer"
+	"github.com/tierfs/tierfs/control"
+	"github.com/tierfs/tierfs/tiering"
+)
+
+// mountControl answers control requests with the mount's tierer.
+type mountControl struct{ t *tiering.Tierer }
+
+func (m mountControl) Do(ctx context.Context, op, rel string, progress func(done, total int64)) (string, error) {
+	switch op {
+	case "ship":
+		return m.t.ShipNow(ctx, rel, chunkxfer.Progress(progress))
+	case "evict":
+		return m.t.EvictNow(ctx, rel, chunkxfer.Progress(progress))
+	}
+	return "", fmt.Errorf("unknown op %q", op)
+}
+
+func (m mountControl) Status() any { return m.t.LastErrors() }
+
+func cmdShip() *cli.Command {
+	return cmdMove("ship", "ship segments to the store now, whatever their age (they must be rolled, flushed and committed)")
+}
+
+func cmdEvict() *cli.Command {
+	return cmdMove("evict", "free the local bytes of segments now, shipping them first if needed")
+}
+
+func cmdMove(op, usage string) *cli.Command {
+	return &cli.Command{
+		Name:      op,
+		Usage:     usage,
+		ArgsUsage: "SEGMENT.log...",
+		Flags: []cli.Flag{
+			&cli.BoolFlag{Name: "no-progress", Usage: "no progress bars (the default when stderr is not a terminal)"},
+		},
+		Action: func(c *cli.Context) error {
+			if c.NArg() == 0 {
+				return &exitError{code: 2, err: fmt.Errorf("%s takes segment files on a tierfs mount", op)}
+			}
+			ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, unix.SIGTERM)
+			defer stop()
+			bars := !c.Bool("no-progress") && isTerminal(os.Stderr)
+			return move(ctx, c.App.Writer, c.App.ErrWriter, op, c.Args().Slice(), bars)
+		},
+	}
+}
+
+func isTerminal(f *os.File) bool {
+	_, err := unix.IoctlGetTermios(int(f.Fd()), unix.TCGETS)
+	return err == nil
+}
+
+// move asks the mounts holding paths to ship or evict them, printing
+// each path's state after (and its progress, with bars).
+func move(ctx context.Context, out, errOut io.Writer, op string, paths []string, bars bool) error {
+	type group struct {
+		paths, rels []string
+	}
+	byMount := map[string]*group{}
+	var order []string
+	for _, p := range paths {
+		mp, rel, err := control.FindMount(p)
+		if err != nil {
+			return &exitError{code: 2, err: err}
+		}
+		g := byMount[mp]
+		if g == nil {
+			g = &group{}
+			byMount[mp] = g
+			order = append(order, mp)
+		}
+		g.paths, g.rels = append(g.paths, p), append(g.rels, rel)
+	}
+	var prog *mpb.Progress
+	if bars {
+		prog = mpb.NewWithContext(ctx, mpb.WithOutput(errOut), mpb.WithWidth(40), mpb.WithRefreshRate(150*time.Millisecond))
+	}
+	failed := 0
+	for _, mp := range order {
+		g := byMount[mp]
+		name := map[string]string{}
+		for i, rel := range g.rels {
+			name[rel] = g.paths[i]
+		}
+		barOf := map[string]*mpb.Bar{}
+		err := control.Call(ctx, mp, control.Request{Op: op, Paths: g.rels}, func(e control.Event) {
+			if prog != nil && e.Total > 0 {
+				b := barOf[e.Path]
+				if b == nil {
+					b = prog.AddBar(e.Total,
+						mpb.PrependDecorators(decor.Name(filepath.Base(e.Path), decor.WCSyncSpaceR)),
+						mpb.AppendDecorators(decor.CountersKibiByte("% .1f / % .1f"), decor.Name(" "), decor.AverageSpeed(decor.SizeB1024(0), "% .1f")))
+					barOf[e.Path] = b
+				}
+				b.SetCurrent(e.Done)
+			}
+			if e.State == "" && e.Error == "" {
+				return
+			}
+			if b := barOf[e.Path]; b != nil {
+				if e.Error != "" {
+					b.Abort(false)
+				} else {
+					b.SetTotal(-1, true)
+				}
+			}
+			if e.Error != "" {
+				failed++
+				fmt.Fprintf(out, "%s: %s failed: %s\n", name[e.Path], op, e.Error)
+				return
+			}
+			fmt.Fprintf(out, "%s: %s\n", name[e.Path], e.State)
+		})
+		if err != nil {
+			if prog != nil {
+				prog.Shutdown()
+			}
+			if errors.Is(err, control.ErrNoMount) {
+				return &exitError{code: 1, err: fmt.Errorf("%w; is it mounted with --remote?", err)}
+			}
+			return err
+		}
+	}
+	if prog != nil {
+		prog.Wait()
+	}
+	if failed > 0 {
+		return &exitError{code: 1, err: fmt.Errorf("%d of %d segments failed", failed, len(paths))}
+	}
+	return nil
+}
+
+// lastErrors asks the mount at mountpoint for its partitions' last
+// errors; none when it does not answer (not a mount, or no remote).
+func lastErrors(mountpoint string) map[string]tiering.PartitionError {
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
+	defer cancel()
+	var out map[string]tiering.PartitionError
+	control.Call(ctx, mountpoint, control.Request{Op: "status"}, func(e control.Event) {
+		json.Unmarshal(e.Status, &out)
+	})
+	return out
+}

@@ -1,0 +1,129 @@
+package e2e
+
+import (
+	"fmt"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/tierfs/tierfs/idx/kafka/kafkatest"
+)
+
+// tierfs runs the binary and returns its combined output and exit code.
+func tierfs(t *testing.T, env []string, args ...string) (string, int) {
+	t.Helper()
+	cmd := exec.Command(tierfsBin, args...)
+	cmd.Env = append(os.Environ(), env...)
+	out, err := cmd.CombinedOutput()
+	code := 0
+	if ee, ok := err.(*exec.ExitError); ok {
+		code = ee.ExitCode()
+	} else if err != nil {
+		t.Fatalf("tierfs %v: %v", args, err)
+	}
+	return string(out), code
+}
+
+// TestByHandAndDeletions: tierfs ship and evict reach the running mount;
+// what the broker deletes through the mount (rename to .deleted, then
+// unlink) goes from the store too.
+func TestByHandAndDeletions(t *testing.T) {
+	requireRoot(t)
+	for _, r := range remotes(t) {
+		t.Run(r.name, func(t *testing.T) {
+			dir := t.TempDir()
+			backing, mnt := filepath.Join(dir, "backing"), filepath.Join(dir, "mnt")
+			os.MkdirAll(mnt, 0o755)
+			bases, err := kafkatest.LogDir{Topic: "orders", Partitions: 1, Segments: 5, Batches: 30, Records: 16, ValueSize: 1000, Unflushed: 1, Age: time.Hour}.Write(backing)
+			if err != nil {
+				t.Fatal(err)
+			}
+			before := sums(t, backing)
+			// Nothing ships by itself: only by hand.
+			m := startMount(t, r.env, "--backing", backing, "--remote", r.url, "--ship-after", "1000h", "--tier-interval", "200ms", mnt)
+			seg := func(i int) string { return filepath.Join(mnt, "orders-0", fmt.Sprintf("%020d.log", bases["orders-0"][i])) }
+			storeEnv := append([]string{"TIERFS_STORE=" + r.url}, r.env...)
+			objects := func() string {
+				out, code := tierfs(t, storeEnv, "store", "ls", "orders-0/")
+				if code != 0 {
+					t.Fatalf("store ls: %s", out)
+				}
+				return out
+			}
+			if strings.Contains(objects(), ".log") {
+				t.Fatal("shipped before it was asked")
+			}
+
+			out, code := tierfs(t, nil, "ship", seg(0), seg(1))
+			if code != 0 || !strings.Contains(out, seg(0)+": shipped") || !strings.Contains(out, seg(1)+": shipped") {
+				t.Fatalf("ship: %d %s", code, out)
+			}
+			if state(seg(0)) != "shipped" {
+				t.Fatalf("state %s", state(seg(0)))
+			}
+			out, code = tierfs(t, nil, "evict", seg(1))
+			if code != 0 || !strings.Contains(out, seg(1)+": remote") {
+				t.Fatalf("evict: %d %s", code, out)
+			}
+			var st syscall.Stat_t
+			syscall.Stat(filepath.Join(backing, "orders-0", filepath.Base(seg(1))), &st)
+			if st.Blocks*512 > 8192 {
+				t.Errorf("evicted by hand but %d bytes still allocated", st.Blocks*512)
+			}
+			// Unsafe segments are refused, naming the reason; other paths too.
+			out, code = tierfs(t, nil, "ship", seg(4))
+			if code != 1 || !strings.Contains(out, "active segment") {
+				t.Errorf("ship of the active segment: %d %s", code, out)
+			}
+			out, code = tierfs(t, nil, "ship", filepath.Join(dir, "elsewhere.log"))
+			if code != 2 || !strings.Contains(out, "not on a tierfs mount") {
+				t.Errorf("ship off the mount: %d %s", code, out)
+			}
+			out, code = tierfs(t, nil, "status", mnt)
+			if code != 0 || !strings.Contains(out, "LAST_ERROR") || !strings.Contains(out, "orders-0") {
+				t.Errorf("status: %d %s", code, out)
+			}
+
+			// The broker deletes segment 1: renamed, still readable, then
+			// unlinked; its objects go, segment 0's stay.
+			objs := objects()
+			key1 := fmt.Sprintf("%020d-", bases["orders-0"][1])
+			if !strings.Contains(objs, key1) {
+				t.Fatalf("segment 1 not in the store:\n%s", objs)
+			}
+			gone := seg(1) + ".deleted"
+			if err := os.Rename(seg(1), gone); err != nil {
+				t.Fatal(err)
+			}
+			rel1, _ := filepath.Rel(mnt, seg(1))
+			if got := sums(t, filepath.Join(mnt, "orders-0"))[filepath.Base(gone)]; got != before[rel1] {
+				t.Error("renamed evicted segment reads other bytes")
+			}
+			time.Sleep(time.Second) // a few passes: nothing may go yet
+			if !strings.Contains(objects(), key1) {
+				t.Fatal("objects deleted while the segment still exists")
+			}
+			if err := os.Remove(gone); err != nil {
+				t.Fatal(err)
+			}
+			deadline := time.Now().Add(30 * time.Second)
+			for strings.Contains(objects(), key1) {
+				if time.Now().After(deadline) {
+					t.Fatalf("objects of the deleted segment still there:\n%s\n%s", objects(), m.Log())
+				}
+				time.Sleep(200 * time.Millisecond)
+			}
+			if !strings.Contains(objects(), fmt.Sprintf("%020d-", bases["orders-0"][0])) {
+				t.Error("segment 0's objects went too")
+			}
+			rel0, _ := filepath.Rel(mnt, seg(0))
+			if sums(t, mnt)[rel0] != before[rel0] {
+				t.Error("segment 0 no longer reads back")
+			}
+		})
+	}
+}
