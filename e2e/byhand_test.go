@@ -45,7 +45,9 @@ func TestByHandAndDeletions(t *testing.T) {
 			before := sums(t, backing)
 			// Nothing ships by itself: only by hand.
 			m := startMount(t, r.env, "--backing", backing, "--remote", r.url, "--ship-after", "1000h", "--tier-interval", "200ms", mnt)
-			seg := func(i int) string { return filepath.Join(mnt, "orders-0", fmt.Sprintf("%020d.log", bases["orders-0"][i])) }
+			seg := func(i int) string {
+				return filepath.Join(mnt, "orders-0", fmt.Sprintf("%020d.log", bases["orders-0"][i]))
+			}
 			storeEnv := append([]string{"TIERFS_STORE=" + r.url}, r.env...)
 			objects := func() string {
 				out, code := tierfs(t, storeEnv, "store", "ls", "orders-0/")
