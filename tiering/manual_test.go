@@ -3,6 +3,7 @@ package tiering
 import (
 	"context"
 	"errors"
+	"os"
 	"path/filepath"
 	"strings"
 	"testing"
@@ -26,7 +27,14 @@ func TestShipAndEvictByHand(t *testing.T) {
 	b := bases["orders-0"]
 	rel := func(i int) string { return "orders-0/" + kafkaName(b[i], ".log") }
 	var last, total int64
-	st, err := tr.ShipNow(ctx, rel(0), func(done, tot int64) { last, total = done, tot })
+	var during string
+	st, err := tr.ShipNow(ctx, rel(0), func(done, tot int64) {
+		last, total = done, tot
+		during, _, _ = tr.State(filepath.Join(root, rel(0)))
+	})
+	if during != StateShipping {
+		t.Errorf("state while shipping: %s", during)
+	}
 	if err != nil || st != StateShipped || last != total || total == 0 {
 		t.Fatalf("ship: %s %v, progress %d/%d", st, err, last, total)
 	}
@@ -60,5 +68,38 @@ func TestShipAndEvictByHand(t *testing.T) {
 	}
 	if e := tr.LastErrors()["orders-1"]; !strings.Contains(e.Err, "injected outage") || e.Time.IsZero() {
 		t.Fatalf("last errors: %+v", tr.LastErrors())
+	}
+}
+
+// TestTotalRetention: over the total limit, the oldest shipped segment
+// of any partition goes first, and only as many as needed.
+func TestTotalRetention(t *testing.T) {
+	root, bases, _ := logDir(t)
+	var total int64
+	parts, _ := Scan(root)
+	for _, p := range parts {
+		for _, seg := range p.Segments {
+			total += seg.Size
+		}
+	}
+	// orders-1's first segment is the oldest of all.
+	oldest := filepath.Join(root, "orders-1", kafkaName(bases["orders-1"][0], ".log"))
+	past := time.Now().Add(-5 * time.Hour)
+	if err := os.Chtimes(oldest, past, past); err != nil {
+		t.Fatal(err)
+	}
+	tr, err := New(Config{Root: root, StateDir: filepath.Join(root, ".tierfs"), Store: store.NewMem(nil), Policy: Policy{ShipAfter: time.Minute}, ChunkSize: 64 << 10, LocalRetentionTotalBytes: total - 1})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer tr.Close()
+	if rep := mustPass(t, tr); rep.Shipped != 4 || rep.Evicted != 1 {
+		t.Fatalf("report %+v", rep)
+	}
+	if st, _, _ := tr.State(oldest); st != StateRemote {
+		t.Fatalf("oldest segment is %s", st)
+	}
+	if rep := mustPass(t, tr); rep.Evicted != 0 {
+		t.Fatalf("second pass evicted more: %+v", rep)
 	}
 }

@@ -4,6 +4,7 @@ import (
 	"os"
 	"strconv"
 	"strings"
+	"syscall"
 
 	"github.com/tierfs/tierfs/chunkxfer"
 	"github.com/tierfs/tierfs/idx/kafka"
@@ -38,6 +39,15 @@ func (t *Tierer) State(path string) (state, rdi string, err error) {
 		return "", "", err
 	}
 	if !has {
+		var st syscall.Stat_t
+		if syscall.Stat(path, &st) == nil {
+			t.mu.Lock()
+			shipping := t.shipping[st.Ino]
+			t.mu.Unlock()
+			if shipping {
+				return StateShipping, "", nil
+			}
+		}
 		return StateLocal, "", nil
 	}
 	return rec.State, rec.Key, nil

@@ -45,13 +45,17 @@ type Config struct {
 	// segments are shipped but never freed.
 	LocalRetentionAge   time.Duration
 	LocalRetentionBytes int64
-	Concurrency         int   // segments shipped at once (default 2)
-	ShipRate            int64 // bytes per second of all uploads together (0: no limit)
-	ChunkSize           int64 // transfer chunk size (default chunkxfer's)
-	Gate                *Gate // shared with the file system (nil: a private one)
-	Cache               *chunkxfer.Cache
-	Log                 *slog.Logger
-	Now                 func() time.Time
+	// LocalRetentionTotalBytes keeps at most this many bytes of .log
+	// files local in all partitions together, freeing the oldest shipped
+	// segments (by mtime) anywhere first (0: no limit).
+	LocalRetentionTotalBytes int64
+	Concurrency              int   // segments shipped at once (default 2)
+	ShipRate                 int64 // bytes per second of all uploads together (0: no limit)
+	ChunkSize                int64 // transfer chunk size (default chunkxfer's)
+	Gate                     *Gate // shared with the file system (nil: a private one)
+	Cache                    *chunkxfer.Cache
+	Log                      *slog.Logger
+	Now                      func() time.Time
 }
 
 // Tierer ships and evicts the segments of one log directory.
@@ -64,6 +68,7 @@ type Tierer struct {
 	plocks  map[string]*sync.Mutex // by partition: index changes; GUARDED_BY(mu)
 	busy    map[string]bool        // segments being shipped or evicted, keys being shipped or deleted; GUARDED_BY(mu)
 
+	shipping     map[uint64]bool // inodes being shipped; GUARDED_BY(mu)
 	noHandleOnce sync.Once
 	lastErr      map[string]PartitionError // by partition; GUARDED_BY(mu)
 }
@@ -116,7 +121,7 @@ func New(cfg Config) (*Tierer, error) {
 		}
 		cfg.Cache = c
 	}
-	t := &Tierer{cfg: cfg, indexes: map[string]*idx.File{}, plocks: map[string]*sync.Mutex{}, lastErr: map[string]PartitionError{}, busy: map[string]bool{}, ready: make(chan struct{})}
+	t := &Tierer{cfg: cfg, indexes: map[string]*idx.File{}, plocks: map[string]*sync.Mutex{}, lastErr: map[string]PartitionError{}, shipping: map[uint64]bool{}, busy: map[string]bool{}, ready: make(chan struct{})}
 	if cfg.Root != "" && cfg.StateDir != "" {
 		t.SetRoot(cfg.Root, cfg.StateDir)
 	}
@@ -389,6 +394,14 @@ func (t *Tierer) Ship(ctx context.Context, seg Segment, progress chunkxfer.Progr
 		return nil
 	}
 	defer t.release("key:" + key)
+	t.mu.Lock()
+	t.shipping[st.Ino] = true
+	t.mu.Unlock()
+	defer func() {
+		t.mu.Lock()
+		delete(t.shipping, st.Ino)
+		t.mu.Unlock()
+	}()
 	manRel := filepath.Join("manifests", seg.Partition, filepath.Base(key)+".json")
 	sh, err := t.startShipment(seg, &st, key, manRel)
 	if err != nil {
@@ -588,18 +601,23 @@ func (t *Tierer) indexFile(partition string) (*idx.File, error) {
 	return f, nil
 }
 
-// evictUnderRetention frees shipped segments past the local retention.
+// evictUnderRetention frees shipped segments past the local retention:
+// by age, then the oldest first in each partition over its byte limit,
+// then the oldest first anywhere while the total is over its limit.
 func (t *Tierer) evictUnderRetention(ctx context.Context, parts []Partition, now time.Time) (int, []error) {
-	if t.cfg.LocalRetentionAge == 0 && t.cfg.LocalRetentionBytes == 0 {
+	c := t.cfg
+	if c.LocalRetentionAge == 0 && c.LocalRetentionBytes == 0 && c.LocalRetentionTotalBytes == 0 {
 		return 0, nil
+	}
+	type cand struct {
+		part string
+		seg  Segment
 	}
 	evicted := 0
 	var errs []error
+	var rest []cand // shipped segments still local after the per-partition pass
+	var total int64 // local .log bytes of all partitions
 	for _, p := range parts {
-		type cand struct {
-			seg Segment
-			rec Record
-		}
 		var shipped []cand
 		var local int64
 		for _, seg := range p.Segments {
@@ -613,21 +631,38 @@ func (t *Tierer) evictUnderRetention(ctx context.Context, parts []Partition, now
 			}
 			local += seg.Size
 			if has && rec.State == StateShipped {
-				shipped = append(shipped, cand{seg, rec})
+				shipped = append(shipped, cand{p.Name, seg})
 			}
 		}
 		sort.Slice(shipped, func(i, j int) bool { return shipped[i].seg.Base < shipped[j].seg.Base })
-		for _, c := range shipped {
-			old := t.cfg.LocalRetentionAge > 0 && now.Sub(c.seg.Mtime) > t.cfg.LocalRetentionAge
-			over := t.cfg.LocalRetentionBytes > 0 && local > t.cfg.LocalRetentionBytes
+		for _, cd := range shipped {
+			old := c.LocalRetentionAge > 0 && now.Sub(cd.seg.Mtime) > c.LocalRetentionAge
+			over := c.LocalRetentionBytes > 0 && local > c.LocalRetentionBytes
 			if !old && !over {
+				rest = append(rest, cd)
 				continue
 			}
-			if err := t.Evict(c.seg.Path); err != nil {
-				errs = append(errs, t.noteErr(p.Name, fmt.Errorf("evict %s: %w", c.seg.Path, err)))
+			if err := t.Evict(cd.seg.Path); err != nil {
+				errs = append(errs, t.noteErr(p.Name, fmt.Errorf("evict %s: %w", cd.seg.Path, err)))
+				rest = append(rest, cd)
 				continue
 			}
-			local -= c.seg.Size
+			local -= cd.seg.Size
+			evicted++
+		}
+		total += local
+	}
+	if c.LocalRetentionTotalBytes > 0 && total > c.LocalRetentionTotalBytes {
+		sort.SliceStable(rest, func(i, j int) bool { return rest[i].seg.Mtime.Before(rest[j].seg.Mtime) })
+		for _, cd := range rest {
+			if total <= c.LocalRetentionTotalBytes {
+				break
+			}
+			if err := t.Evict(cd.seg.Path); err != nil {
+				errs = append(errs, t.noteErr(cd.part, fmt.Errorf("evict %s: %w", cd.seg.Path, err)))
+				continue
+			}
+			total -= cd.seg.Size
 			evicted++
 		}
 	}

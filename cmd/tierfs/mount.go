@@ -31,6 +31,7 @@ func cmdMount() *cli.Command {
 			&cli.BoolFlag{Name: "passthrough", Value: true, Usage: "let the kernel read and write local files directly (FUSE passthrough, Linux 6.9+)", EnvVars: []string{"TIERFS_PASSTHROUGH"}},
 			&cli.DurationFlag{Name: "entry-timeout", Value: time.Second, Usage: "how long the kernel caches names", EnvVars: []string{"TIERFS_ENTRY_TIMEOUT"}},
 			&cli.DurationFlag{Name: "attr-timeout", Value: time.Second, Usage: "how long the kernel caches attributes", EnvVars: []string{"TIERFS_ATTR_TIMEOUT"}},
+			&cli.StringFlag{Name: "read-ahead", Value: "1MiB", Usage: "kernel readahead for files read through FUSE (tiered segments), up to 64MiB; -1 keeps the kernel's 128 KiB", EnvVars: []string{"TIERFS_READ_AHEAD"}},
 			&cli.BoolFlag{Name: "debug-fuse", Usage: "log every FUSE request"},
 			&cli.StringFlag{Name: "remote", Usage: "ship cold segments to this store (file:///path or s3://bucket/prefix?endpoint=...); without it tierfs is a plain directory", EnvVars: []string{"TIERFS_REMOTE"}},
 			&cli.StringFlag{Name: "s3-access-key", Usage: "S3 access key for --remote (default: the AWS chain)", EnvVars: []string{"TIERFS_S3_ACCESS_KEY"}},
@@ -39,6 +40,7 @@ func cmdMount() *cli.Command {
 			&cli.DurationFlag{Name: "local-retention-age", Usage: "free the local bytes of shipped segments older than this (0: no age limit)", EnvVars: []string{"TIERFS_LOCAL_RETENTION_AGE"}},
 			&cli.Int64Flag{Name: "local-retention-bytes", Usage: "keep at most this many bytes of segments local per partition, freeing the oldest shipped first (0: no limit)", EnvVars: []string{"TIERFS_LOCAL_RETENTION_BYTES"}},
 			&cli.StringFlag{Name: "ship-rate", Usage: "bytes per second for all uploads together, e.g. 50MiB (0: no limit)", Value: "0", EnvVars: []string{"TIERFS_SHIP_RATE"}},
+			&cli.Int64Flag{Name: "local-retention-total-bytes", Usage: "keep at most this many bytes of segments local in all partitions together, freeing the oldest shipped anywhere first (0: no limit)", EnvVars: []string{"TIERFS_LOCAL_RETENTION_TOTAL_BYTES"}},
 			&cli.IntFlag{Name: "ship-concurrency", Value: 2, Usage: "segments shipped at once", EnvVars: []string{"TIERFS_SHIP_CONCURRENCY"}},
 			&cli.DurationFlag{Name: "tier-interval", Value: 30 * time.Second, Usage: "how often the tierer looks for work", EnvVars: []string{"TIERFS_TIER_INTERVAL"}},
 			&cli.Int64Flag{Name: "cache-bytes", Value: 256 << 20, Usage: "memory for chunks of remote files", EnvVars: []string{"TIERFS_CACHE_BYTES"}},
@@ -69,6 +71,16 @@ func runMount(c *cli.Context) error {
 		}
 		defer func() { pprof.StopCPUProfile(); f.Close() }()
 	}
+	readAhead := int64(-1)
+	if ra := c.String("read-ahead"); ra != "-1" {
+		var err error
+		if readAhead, err = units.ParseSize(ra); err != nil || readAhead > 64<<20 {
+			return &exitError{code: 2, err: fmt.Errorf("--read-ahead %q: a size up to 64MiB, or -1", ra)}
+		}
+		if readAhead == 0 {
+			readAhead = -1
+		}
+	}
 	var tierer *tiering.Tierer
 	var tier fs.Tiering
 	var shipRate int64
@@ -85,14 +97,15 @@ func runMount(c *cli.Context) error {
 			return err
 		}
 		tierer, err = tiering.New(tiering.Config{
-			Store:               st,
-			Policy:              tiering.Policy{ShipAfter: c.Duration("ship-after")},
-			LocalRetentionAge:   c.Duration("local-retention-age"),
-			LocalRetentionBytes: c.Int64("local-retention-bytes"),
-			Concurrency:         c.Int("ship-concurrency"),
-			ShipRate:            shipRate,
-			Cache:               cache,
-			Log:                 log,
+			Store:                    st,
+			Policy:                   tiering.Policy{ShipAfter: c.Duration("ship-after")},
+			LocalRetentionAge:        c.Duration("local-retention-age"),
+			LocalRetentionBytes:      c.Int64("local-retention-bytes"),
+			LocalRetentionTotalBytes: c.Int64("local-retention-total-bytes"),
+			Concurrency:              c.Int("ship-concurrency"),
+			ShipRate:                 shipRate,
+			Cache:                    cache,
+			Log:                      log,
 		})
 		if err != nil {
 			return err
@@ -108,6 +121,7 @@ func runMount(c *cli.Context) error {
 		AttrTimeout:  c.Duration("attr-timeout"),
 		Debug:        c.Bool("debug-fuse"),
 		Tiering:      tier,
+		ReadAhead:    readAhead,
 		Log:          log,
 	})
 	if err != nil {
