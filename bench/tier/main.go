@@ -38,6 +38,8 @@ func main() {
 	sizeFlag := flag.String("size", "1GiB", "evicted segment size")
 	runs := flag.Int("runs", 3, "runs of each measurement")
 	segments := flag.Int("ls-segments", 10000, "segments in the partition listed by ls -l")
+	peers := flag.Bool("peers", true, "measure s3fs and rclone too")
+	variants := flag.String("variants", "", "comma-separated NAME=VALUE settings of the mount's environment, each measured as another mount (for tuning)")
 	flag.Parse()
 	size, err := benchutil.ParseSize(*sizeFlag)
 	check(err)
@@ -80,10 +82,10 @@ func main() {
 
 	env := []string{"TIERFS_S3_ACCESS_KEY=" + srv.AccessKey, "TIERFS_S3_SECRET_KEY=" + srv.SecretKey}
 	remote := "s3://bench/kafka?endpoint=" + srv.Endpoint
-	mount := func() func() {
+	mount := func(extra ...string) func() {
 		cmd := exec.Command(tierfsBin, "mount", "--backing", backing, "--remote", remote, "--ship-after", "1m",
 			"--local-retention-bytes", "1", "--tier-interval", "500ms", "--cache-bytes", "1048576", mnt)
-		cmd.Env = append(os.Environ(), env...)
+		cmd.Env = append(append(os.Environ(), env...), extra...)
 		if p := os.Getenv("BENCH_TIER_CPUPROFILE"); p != "" {
 			cmd.Env = append(cmd.Env, "TIERFS_CPUPROFILE="+p)
 		}
@@ -136,61 +138,80 @@ func main() {
 		lsNative = append(lsNative, benchutil.Time(func() { run("ls", "-l", many) }).Seconds())
 	}
 	unmount()
-
-	// s3fs and rclone on the same object.
-	passwd := filepath.Join(dir, "passwd-s3fs")
-	check(os.WriteFile(passwd, []byte(srv.AccessKey+":"+srv.SecretKey), 0o600))
-	s3fsMnt := filepath.Join(dir, "s3fs")
-	check(os.MkdirAll(s3fsMnt, 0o755))
-	if err := exec.Command("s3fs", "bench", s3fsMnt, "-o", "url="+srv.Endpoint, "-o", "use_path_request_style", "-o", "passwd_file="+passwd).Run(); err != nil {
-		fmt.Fprintln(os.Stderr, "s3fs:", err)
-	} else {
-		if !tryWait(func() bool { return isMount(s3fsMnt) }, 20*time.Second) {
-			fmt.Fprintln(os.Stderr, "s3fs did not mount")
+	var names []string
+	for _, v := range strings.Split(*variants, ",") {
+		if v == "" {
+			continue
 		}
+		name := "tierfs mount, cold sequential read, " + v
+		names = append(names, name)
+		unmount := mount(v)
 		for range *runs {
 			dropCaches()
-			add("s3fs (Debian), cold sequential read", mb/benchutil.Time(func() { readFile(filepath.Join(s3fsMnt, key), 1<<20) }).Seconds())
+			add(name, mb/benchutil.Time(func() { readFile(segPath, 1<<20) }).Seconds())
 		}
-		exec.Command("umount", s3fsMnt).Run()
+		unmount()
 	}
-	rcloneMnt := filepath.Join(dir, "rclone")
-	check(os.MkdirAll(rcloneMnt, 0o755))
-	rc := exec.Command("rclone", "mount", "vgw:bench", rcloneMnt, "--read-only", "--vfs-cache-mode", "off")
-	// rclone 1.60 cannot load AWS_CA_BUNDLE with its own transport
-	// ("unsupported transport"), and the endpoint is plain HTTP anyway.
-	var rcEnv []string
-	for _, e := range os.Environ() {
-		if !strings.HasPrefix(e, "AWS_CA_BUNDLE=") {
-			rcEnv = append(rcEnv, e)
+	if !*peers {
+		goto report
+	}
+	{
+		// s3fs and rclone on the same object.
+		passwd := filepath.Join(dir, "passwd-s3fs")
+		check(os.WriteFile(passwd, []byte(srv.AccessKey+":"+srv.SecretKey), 0o600))
+		s3fsMnt := filepath.Join(dir, "s3fs")
+		check(os.MkdirAll(s3fsMnt, 0o755))
+		if err := exec.Command("s3fs", "bench", s3fsMnt, "-o", "url="+srv.Endpoint, "-o", "use_path_request_style", "-o", "passwd_file="+passwd).Run(); err != nil {
+			fmt.Fprintln(os.Stderr, "s3fs:", err)
+		} else {
+			if !tryWait(func() bool { return isMount(s3fsMnt) }, 20*time.Second) {
+				fmt.Fprintln(os.Stderr, "s3fs did not mount")
+			}
+			for range *runs {
+				dropCaches()
+				add("s3fs (Debian), cold sequential read", mb/benchutil.Time(func() { readFile(filepath.Join(s3fsMnt, key), 1<<20) }).Seconds())
+			}
+			exec.Command("umount", s3fsMnt).Run()
+		}
+		rcloneMnt := filepath.Join(dir, "rclone")
+		check(os.MkdirAll(rcloneMnt, 0o755))
+		rc := exec.Command("rclone", "mount", "vgw:bench", rcloneMnt, "--read-only", "--vfs-cache-mode", "off")
+		// rclone 1.60 cannot load AWS_CA_BUNDLE with its own transport
+		// ("unsupported transport"), and the endpoint is plain HTTP anyway.
+		var rcEnv []string
+		for _, e := range os.Environ() {
+			if !strings.HasPrefix(e, "AWS_CA_BUNDLE=") {
+				rcEnv = append(rcEnv, e)
+			}
+		}
+		rc.Env = append(rcEnv, "RCLONE_CONFIG_VGW_TYPE=s3", "RCLONE_CONFIG_VGW_PROVIDER=Other",
+			"RCLONE_CONFIG_VGW_ACCESS_KEY_ID="+srv.AccessKey, "RCLONE_CONFIG_VGW_SECRET_ACCESS_KEY="+srv.SecretKey,
+			"RCLONE_CONFIG_VGW_ENDPOINT="+srv.Endpoint, "RCLONE_CONFIG_VGW_FORCE_PATH_STYLE=true")
+		rcLog, _ := os.Create(filepath.Join(dir, "rclone.log"))
+		rc.Stdout, rc.Stderr = rcLog, rcLog
+		if err := rc.Start(); err != nil {
+			fmt.Fprintln(os.Stderr, "rclone:", err)
+		} else if !tryWait(func() bool { return isMount(rcloneMnt) }, 20*time.Second) {
+			b, _ := os.ReadFile(filepath.Join(dir, "rclone.log"))
+			fmt.Fprintf(os.Stderr, "rclone mount did not come up:\n%s\n", b)
+			rc.Process.Kill()
+			rc.Wait()
+		} else {
+			for range *runs {
+				dropCaches()
+				add("rclone mount (Debian), cold sequential read", mb/benchutil.Time(func() { readFile(filepath.Join(rcloneMnt, key), 1<<20) }).Seconds())
+			}
+			exec.Command("umount", rcloneMnt).Run()
+			rc.Process.Signal(syscall.SIGTERM)
+			rc.Wait()
 		}
 	}
-	rc.Env = append(rcEnv, "RCLONE_CONFIG_VGW_TYPE=s3", "RCLONE_CONFIG_VGW_PROVIDER=Other",
-		"RCLONE_CONFIG_VGW_ACCESS_KEY_ID="+srv.AccessKey, "RCLONE_CONFIG_VGW_SECRET_ACCESS_KEY="+srv.SecretKey,
-		"RCLONE_CONFIG_VGW_ENDPOINT="+srv.Endpoint, "RCLONE_CONFIG_VGW_FORCE_PATH_STYLE=true")
-	rcLog, _ := os.Create(filepath.Join(dir, "rclone.log"))
-	rc.Stdout, rc.Stderr = rcLog, rcLog
-	if err := rc.Start(); err != nil {
-		fmt.Fprintln(os.Stderr, "rclone:", err)
-	} else if !tryWait(func() bool { return isMount(rcloneMnt) }, 20*time.Second) {
-		b, _ := os.ReadFile(filepath.Join(dir, "rclone.log"))
-		fmt.Fprintf(os.Stderr, "rclone mount did not come up:\n%s\n", b)
-		rc.Process.Kill()
-		rc.Wait()
-	} else {
-		for range *runs {
-			dropCaches()
-			add("rclone mount (Debian), cold sequential read", mb/benchutil.Time(func() { readFile(filepath.Join(rcloneMnt, key), 1<<20) }).Seconds())
-		}
-		exec.Command("umount", rcloneMnt).Run()
-		rc.Process.Signal(syscall.SIGTERM)
-		rc.Wait()
-	}
+report:
 
 	fmt.Printf("versitygw v1.8.0 on 127.0.0.1; evicted segment of %.0f MB; medians of %d runs (first byte: of %d samples)\n", mb, *runs, len(firstByte))
 	raw := benchutil.Median(res["raw ranged GETs, 1 stream"])
 	fmt.Printf("%-44s %8s %12s\n", "", "MB/s", "× raw 1 GET")
-	for _, name := range []string{"raw ranged GETs, 1 stream", "raw ranged GETs, 8 streams", "chunkxfer.Reader alone (no FUSE), cold", "tierfs mount, cold sequential read", "s3fs (Debian), cold sequential read", "rclone mount (Debian), cold sequential read"} {
+	for _, name := range append([]string{"raw ranged GETs, 1 stream", "raw ranged GETs, 8 streams", "chunkxfer.Reader alone (no FUSE), cold", "tierfs mount, cold sequential read", "s3fs (Debian), cold sequential read", "rclone mount (Debian), cold sequential read"}, names...) {
 		if len(res[name]) == 0 {
 			continue
 		}
