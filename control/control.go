@@ -19,6 +19,7 @@ import (
 	"os"
 	"path/filepath"
 	"sync"
+	"time"
 
 	"golang.org/x/sys/unix"
 )
@@ -141,13 +142,18 @@ func (s *Server) serve(c *net.UnixConn) error {
 		defer mu.Unlock()
 		enc.Encode(e)
 	}
-	if err := allowed(c); err != nil {
-		emit(Event{Error: err.Error(), End: true})
-		return err
+	// The request is read before the peer is judged, so a refused client
+	// gets its refusal rather than a broken pipe on its write.
+	r := bufio.NewReaderSize(c, 4096)
+	c.SetReadDeadline(time.Now().Add(requestTimeout))
+	line, err := readLine(r, maxRequest)
+	c.SetReadDeadline(time.Time{})
+	if aerr := allowed(c); aerr != nil {
+		emit(Event{Error: aerr.Error(), End: true})
+		return aerr
 	}
-	r := bufio.NewReader(c)
-	line, err := r.ReadBytes('\n')
 	if err != nil {
+		emit(Event{Error: "bad request: " + err.Error(), End: true})
 		return err
 	}
 	var req Request
@@ -187,6 +193,30 @@ func (s *Server) serve(c *net.UnixConn) error {
 	return nil
 }
 
+const (
+	// A request is a few paths; 1 MiB is far above any real one and
+	// bounds what a peer can make the mount buffer.
+	maxRequest = 1 << 20
+	// How long a connected peer may take to send its request line.
+	requestTimeout = 10 * time.Second
+)
+
+// readLine reads one newline-terminated line of at most max bytes.
+func readLine(r *bufio.Reader, max int) ([]byte, error) {
+	var line []byte
+	for {
+		chunk, err := r.ReadSlice('\n')
+		line = append(line, chunk...)
+		if len(line) > max {
+			return nil, fmt.Errorf("request longer than %d bytes", max)
+		}
+		if err == bufio.ErrBufferFull {
+			continue
+		}
+		return line, err
+	}
+}
+
 // ErrNoMount means nothing answers for the mount point: it is not a
 // tierfs mount, or its process is gone.
 var ErrNoMount = errors.New("no tierfs mount answers there")
@@ -207,15 +237,18 @@ func Call(ctx context.Context, mountpoint string, req Request, fn func(Event)) e
 	stop := context.AfterFunc(ctx, func() { c.Close() })
 	defer stop()
 	b, _ := json.Marshal(req)
-	if _, err := c.Write(append(b, '\n')); err != nil {
-		return err
-	}
+	// A failed write is not the answer: the mount may have replied (a
+	// refusal) and closed, and that reply says more than EPIPE.
+	_, werr := c.Write(append(b, '\n'))
 	dec := json.NewDecoder(c)
 	for {
 		var e Event
 		if err := dec.Decode(&e); err != nil {
 			if ctx.Err() != nil {
 				return ctx.Err()
+			}
+			if werr != nil {
+				return fmt.Errorf("%s: sending the request: %w", mountpoint, werr)
 			}
 			return fmt.Errorf("%s: the mount stopped answering: %w", mountpoint, err)
 		}

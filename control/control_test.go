@@ -192,3 +192,21 @@ func TestOtherUsersAreRefused(t *testing.T) {
 		t.Fatalf("done for another user: %v", h.done)
 	}
 }
+
+func TestOversizeRequestIsRefused(t *testing.T) {
+	mp := filepath.Join(t.TempDir(), "mnt")
+	h := &fakeMount{blocked: make(chan struct{})}
+	srv, err := Listen(mp, h, slog.New(slog.DiscardHandler))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer srv.Close()
+	paths := []string{strings.Repeat("p", maxRequest)}
+	err = Call(context.Background(), mp, Request{Op: "ship", Paths: paths}, func(Event) {})
+	if err == nil || !strings.Contains(err.Error(), "request longer than") {
+		t.Fatalf("oversize request: %v", err)
+	}
+	if len(h.done) != 0 {
+		t.Fatalf("oversize request was served: %v", h.done)
+	}
+}
