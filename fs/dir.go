@@ -137,7 +137,13 @@ func (n *node) Create(ctx context.Context, name string, flags uint32, mode uint3
 		unix.Close(fd)
 		return nil, nil, 0, toErrno(err)
 	}
-	fh, fl := ch.Operations().(*node).wrapTiered(newLocalFile(ch.Operations().(*node), fd))
+	// The child is linked into the tree only after Create returns, so
+	// its own Path would name an orphan: the path is the parent's.
+	rel := name
+	if !n.IsRoot() {
+		rel = n.Path(n.Root()) + "/" + name
+	}
+	fh, fl := ch.Operations().(*node).wrapTiered(newLocalFile(ch.Operations().(*node), fd), rel)
 	return ch, fh, fl, 0
 }
 

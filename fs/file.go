@@ -40,7 +40,7 @@ func (n *node) Open(ctx context.Context, flags uint32) (gofs.FileHandle, uint32,
 	if err != nil {
 		return nil, 0, toErrno(err)
 	}
-	fh, fl := n.wrapTiered(newLocalFile(n, fd))
+	fh, fl := n.wrapTiered(newLocalFile(n, fd), n.Path(n.Root()))
 	return fh, fl, 0
 }
 
@@ -63,9 +63,22 @@ type localFile struct {
 	*gofs.LoopbackFile
 	f    *os.File
 	node *node
+	// unhold, when set, ends this handle's hold on its inode against
+	// eviction (see wrapTiered).
+	unhold func()
 }
 
-var _ = (gofs.FilePassthroughFder)((*localFile)(nil))
+var (
+	_ = (gofs.FilePassthroughFder)((*localFile)(nil))
+	_ = (gofs.FileReleaser)((*localFile)(nil))
+)
+
+func (lf *localFile) Release(ctx context.Context) syscall.Errno {
+	if lf.unhold != nil {
+		lf.unhold()
+	}
+	return lf.LoopbackFile.Release(ctx)
+}
 
 func newLocalFile(n *node, fd int) *localFile {
 	f := os.NewFile(uintptr(fd), "")

@@ -25,6 +25,10 @@ type Tiering interface {
 	Tiered(rel string) bool
 	// RLock holds inode ino against eviction until unlock is called.
 	RLock(ino uint64) (unlock func())
+	// Hold keeps inode ino from being evicted while a handle that reads
+	// the backing file directly is open; it waits for an eviction under
+	// way, so a state read after it is final while the hold lasts.
+	Hold(ino uint64) (release func())
 	// State is the tiering state of the file open at path (a
 	// /proc/self/fd link): local, shipped or remote, and its RDI.
 	State(path string) (state, rdi string, err error)
@@ -201,22 +205,35 @@ func (tf *tieredFile) Release(ctx context.Context) syscall.Errno {
 	return tf.localFile.Release(ctx)
 }
 
-// wrapTiered gives a file of a tiered path its gated handle, and the
-// open flags to reply with. A tiered file keeps its page cache across
-// opens (FOPEN_KEEP_CACHE): every change to it comes through the mount,
-// which keeps the cache right, and eviction does not change its bytes;
-// repeated reads are then served by the kernel, as passthrough would.
-func (n *node) wrapTiered(lf *localFile) (gofs.FileHandle, uint32) {
+// wrapTiered gives a file its gated handle if it is tiered (by its path
+// rel from the root, or by having a tiering state), and the open flags to
+// reply with. A tiered file keeps its page cache across opens
+// (FOPEN_KEEP_CACHE): every change to it comes through the mount, which
+// keeps the cache right, and eviction does not change its bytes; repeated
+// reads are then served by the kernel, as passthrough would.
+//
+// Any other handle reads the backing file directly (passthrough), so it
+// holds its inode against eviction until it is released: a file can be
+// renamed into a segment's name while open, and Kafka keeps using the
+// handle it opened before.
+func (n *node) wrapTiered(lf *localFile, rel string) (gofs.FileHandle, uint32) {
 	t := n.root.tiering
 	if t == nil || n.IsRoot() {
 		return lf, 0
 	}
 	tf := &tieredFile{localFile: lf, t: t, ino: n.StableAttr().Ino}
-	// A file with a tiering state is tiered whatever its name now (Kafka
-	// renames segments to .deleted before removing them).
-	if st, err := tf.state(); (err == nil && st != "local") || t.Tiered(n.Path(n.Root())) {
+	if t.Tiered(rel) {
 		return tf, fuse.FOPEN_KEEP_CACHE
 	}
+	release := t.Hold(tf.ino)
+	// A file with a tiering state is tiered whatever its name now (Kafka
+	// renames segments to .deleted before removing them). Read after the
+	// hold: an eviction that ran shows here, and none can run after.
+	if st, err := tf.state(); err == nil && st != "local" {
+		release()
+		return tf, fuse.FOPEN_KEEP_CACHE
+	}
+	lf.unhold = release
 	return lf, 0
 }
 

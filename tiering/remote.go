@@ -32,6 +32,10 @@ func (t *Tierer) Tiered(rel string) bool {
 // RLock holds inode ino against eviction.
 func (t *Tierer) RLock(ino uint64) func() { return t.cfg.Gate.RLock(ino) }
 
+// Hold keeps inode ino local while a handle that reads it directly is
+// open (see Gate.Hold).
+func (t *Tierer) Hold(ino uint64) func() { return t.cfg.Gate.Hold(ino) }
+
 // State is the state and RDI of the file at path.
 func (t *Tierer) State(path string) (state, rdi string, err error) {
 	rec, has, err := readRecord(path)

@@ -669,6 +669,12 @@ func (t *Tierer) evictUnderRetention(ctx context.Context, parts []Partition, now
 	return evicted, errs
 }
 
+// ErrHeldOpen refuses to free a file that a process has open for direct
+// reads (it was opened under a name that is not a segment's and renamed
+// since): that reader would see the freed bytes as zeros. It is freed
+// once the handle is closed.
+var ErrHeldOpen = errors.New("open by a process that reads it directly (opened under a non-segment name); freed once closed")
+
 // Evict frees the local bytes of a shipped segment: under the gate, it
 // marks the file remote, punches out its bytes (keeping its size) and
 // restores its mtime. A crash in between is finished by the next pass.
@@ -704,6 +710,9 @@ func (t *Tierer) Evict(path string) error {
 	// identity checked here is what gets freed.
 	unlock := t.cfg.Gate.Lock(rec.Ino)
 	defer unlock()
+	if t.cfg.Gate.Held(rec.Ino) {
+		return fmt.Errorf("%s: %w", path, ErrHeldOpen)
+	}
 	var st syscall.Stat_t
 	if err := syscall.Stat(path, &st); err != nil {
 		return err

@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"crypto/sha256"
+	"errors"
 	"math"
 	"os"
 	"path/filepath"
@@ -265,5 +266,69 @@ func TestEvictChecksTheCopyIsStillThere(t *testing.T) {
 	}
 	if rep := tr.RunOnce(context.Background()); rep.Shipped != 1 {
 		t.Fatalf("not shipped again: %+v", rep)
+	}
+}
+
+// TestHeldFileIsNotFreed: a file held by a direct reader (a handle the
+// file system serves by passthrough) keeps its bytes until the hold ends;
+// the retention pass says why in the partition's last error.
+func TestHeldFileIsNotFreed(t *testing.T) {
+	root, bases, sums := logDir(t)
+	tr := newTierer(t, root, store.NewMem(nil), 0)
+	tr.RunOnce(context.Background())
+	path := filepath.Join(root, "orders-0", kafkaName(bases["orders-0"][0], ".log"))
+	var st syscall.Stat_t
+	if err := syscall.Stat(path, &st); err != nil {
+		t.Fatal(err)
+	}
+	release := tr.Hold(st.Ino)
+	if err := tr.Evict(path); !errors.Is(err, ErrHeldOpen) {
+		t.Fatalf("evict of a held file: %v", err)
+	}
+	if s, _, _ := tr.State(path); s != StateShipped {
+		t.Fatalf("state %s after a refused evict", s)
+	}
+	if b, _ := os.ReadFile(path); sha256.Sum256(b) != sums[path] {
+		t.Fatal("local bytes changed")
+	}
+	// Under retention the refusal is the partition's last error.
+	tr.cfg.LocalRetentionBytes = 1
+	tr.RunOnce(context.Background())
+	if e := tr.LastErrors()["orders-0"]; !strings.Contains(e.Err, "reads it directly") {
+		t.Fatalf("last error %+v", e)
+	}
+	release()
+	release() // a second call is harmless
+	if err := tr.Evict(path); err != nil {
+		t.Fatal(err)
+	}
+	if s, _, _ := tr.State(path); s != StateRemote {
+		t.Fatalf("state %s after the hold ended", s)
+	}
+}
+
+// TestHoldWaitsForEviction: a hold taken while an eviction holds the gate
+// waits for it, so the holder then sees the file remote.
+func TestHoldWaitsForEviction(t *testing.T) {
+	g := NewGate()
+	unlock := g.Lock(7)
+	held := make(chan struct{})
+	go func() {
+		release := g.Hold(7)
+		close(held)
+		release()
+	}()
+	select {
+	case <-held:
+		t.Fatal("hold taken during an exclusive lock")
+	case <-time.After(50 * time.Millisecond):
+	}
+	if g.Held(7) {
+		t.Fatal("held during an exclusive lock")
+	}
+	unlock()
+	<-held
+	if g.Held(7) || len(g.locks) != 0 {
+		t.Fatalf("after release: held %v, %d locks left", g.Held(7), len(g.locks))
 	}
 }
