@@ -23,7 +23,6 @@ import (
 
 	"github.com/aws/aws-sdk-go-v2/aws"
 	"github.com/aws/aws-sdk-go-v2/service/s3"
-	"golang.org/x/sys/unix"
 
 	"github.com/tierfs/tierfs/chunkxfer"
 	"github.com/tierfs/tierfs/chunkxfer/store"
@@ -92,7 +91,7 @@ func main() {
 		logf, _ := os.Create(filepath.Join(dir, "tierfs.log"))
 		cmd.Stdout, cmd.Stderr = logf, logf
 		check(cmd.Start())
-		waitFor(func() bool { return isMount(mnt) }, 20*time.Second, "tierfs mount")
+		check(benchutil.WaitFor(func() bool { return benchutil.IsMount(mnt) }, 20*time.Second, "tierfs mount"))
 		return func() {
 			cmd.Process.Signal(syscall.SIGTERM)
 			cmd.Wait()
@@ -101,8 +100,8 @@ func main() {
 	}
 	unmount := mount()
 	fmt.Fprintln(os.Stderr, "waiting for the segment to ship and be evicted")
-	waitFor(func() bool { return xattr(segPath, "user.tierfs.state") == "remote" }, 10*time.Minute, "eviction")
-	key := "kafka/" + xattr(segPath, "user.tierfs.rdi")
+	check(benchutil.WaitFor(func() bool { return benchutil.Xattr(segPath, "user.tierfs.state") == "remote" }, 10*time.Minute, "eviction"))
+	key := "kafka/" + benchutil.Xattr(segPath, "user.tierfs.rdi")
 
 	res := map[string][]float64{}
 	add := func(name string, v float64) { res[name] = append(res[name], v) }
@@ -111,23 +110,23 @@ func main() {
 		fmt.Fprintf(os.Stderr, "run %d/%d\n", run+1, *runs)
 		// Every measurement starts with the page cache dropped, so the
 		// server reads its disk cold for each of them alike.
-		dropCaches()
+		benchutil.DropCaches()
 		add("raw ranged GETs, 1 stream", mb/benchutil.Time(func() { rawGet(ctx, client, bucket, key, size, 1) }).Seconds())
-		dropCaches()
+		benchutil.DropCaches()
 		add("raw ranged GETs, 8 streams", mb/benchutil.Time(func() { rawGet(ctx, client, bucket, key, size, 8) }).Seconds())
-		dropCaches()
+		benchutil.DropCaches()
 		add("tierfs mount, cold sequential read", mb/benchutil.Time(func() { readFile(segPath, 1<<20) }).Seconds())
-		dropCaches()
+		benchutil.DropCaches()
 		add("chunkxfer.Reader alone (no FUSE), cold", mb/benchutil.Time(func() { readerAlone(ctx, st, strings.TrimPrefix(key, "kafka/")) }).Seconds())
 		// First byte at a random offset, cold.
 		r := rand.New(rand.NewPCG(uint64(run), 9))
 		for range 5 {
 			off := r.Int64N(size - 4096)
-			dropCaches()
+			benchutil.DropCaches()
 			firstByte = append(firstByte, benchutil.Time(func() { preadOnce(segPath, off) }).Seconds()*1000)
-			dropCaches()
+			benchutil.DropCaches()
 			firstGet = append(firstGet, benchutil.Time(func() { rawGetRange(ctx, client, bucket, key, off/chunk*chunk, min(chunk, size-off/chunk*chunk)) }).Seconds()*1000)
-			dropCaches()
+			benchutil.DropCaches()
 			firstGet4k = append(firstGet4k, benchutil.Time(func() { rawGetRange(ctx, client, bucket, key, off, 4096) }).Seconds()*1000)
 		}
 	}
@@ -147,7 +146,7 @@ func main() {
 		names = append(names, name)
 		unmount := mount(v)
 		for range *runs {
-			dropCaches()
+			benchutil.DropCaches()
 			add(name, mb/benchutil.Time(func() { readFile(segPath, 1<<20) }).Seconds())
 		}
 		unmount()
@@ -164,11 +163,11 @@ func main() {
 		if err := exec.Command("s3fs", "bench", s3fsMnt, "-o", "url="+srv.Endpoint, "-o", "use_path_request_style", "-o", "passwd_file="+passwd).Run(); err != nil {
 			fmt.Fprintln(os.Stderr, "s3fs:", err)
 		} else {
-			if !tryWait(func() bool { return isMount(s3fsMnt) }, 20*time.Second) {
+			if !benchutil.TryWait(func() bool { return benchutil.IsMount(s3fsMnt) }, 20*time.Second) {
 				fmt.Fprintln(os.Stderr, "s3fs did not mount")
 			}
 			for range *runs {
-				dropCaches()
+				benchutil.DropCaches()
 				add("s3fs (Debian), cold sequential read", mb/benchutil.Time(func() { readFile(filepath.Join(s3fsMnt, key), 1<<20) }).Seconds())
 			}
 			exec.Command("umount", s3fsMnt).Run()
@@ -191,14 +190,14 @@ func main() {
 		rc.Stdout, rc.Stderr = rcLog, rcLog
 		if err := rc.Start(); err != nil {
 			fmt.Fprintln(os.Stderr, "rclone:", err)
-		} else if !tryWait(func() bool { return isMount(rcloneMnt) }, 20*time.Second) {
+		} else if !benchutil.TryWait(func() bool { return benchutil.IsMount(rcloneMnt) }, 20*time.Second) {
 			b, _ := os.ReadFile(filepath.Join(dir, "rclone.log"))
 			fmt.Fprintf(os.Stderr, "rclone mount did not come up:\n%s\n", b)
 			rc.Process.Kill()
 			rc.Wait()
 		} else {
 			for range *runs {
-				dropCaches()
+				benchutil.DropCaches()
 				add("rclone mount (Debian), cold sequential read", mb/benchutil.Time(func() { readFile(filepath.Join(rcloneMnt, key), 1<<20) }).Seconds())
 			}
 			exec.Command("umount", rcloneMnt).Run()
@@ -257,46 +256,10 @@ func rawGet(ctx context.Context, c *s3.Client, bucket, key string, size int64, s
 	check(benchutil.RawGet(ctx, c, bucket, key, size, chunk, streams, nil))
 }
 
-func xattr(path, name string) string {
-	buf := make([]byte, 1024)
-	n, err := unix.Getxattr(path, name, buf)
-	if err != nil {
-		return ""
-	}
-	return string(buf[:n])
-}
-
-func isMount(p string) bool {
-	b, _ := os.ReadFile("/proc/self/mountinfo")
-	return strings.Contains(string(b), " "+p+" ")
-}
-
-func dropCaches() {
-	unix.Sync()
-	os.WriteFile("/proc/sys/vm/drop_caches", []byte("3"), 0)
-}
-
 func run(name string, args ...string) {
 	cmd := exec.Command(name, args...)
 	cmd.Stdout = io.Discard
 	check(cmd.Run())
-}
-
-func waitFor(cond func() bool, d time.Duration, what string) {
-	if !tryWait(cond, d) {
-		check(fmt.Errorf("%s: not ready after %v", what, d))
-	}
-}
-
-func tryWait(cond func() bool, d time.Duration) bool {
-	deadline := time.Now().Add(d)
-	for !cond() {
-		if time.Now().After(deadline) {
-			return false
-		}
-		time.Sleep(50 * time.Millisecond)
-	}
-	return true
 }
 
 func check(err error) {

@@ -1,0 +1,53 @@
+package benchutil
+
+import (
+	"fmt"
+	"os"
+	"strings"
+	"time"
+
+	"golang.org/x/sys/unix"
+)
+
+// Xattr is the value of extended attribute name of path, "" if none.
+func Xattr(path, name string) string {
+	buf := make([]byte, 1024)
+	n, err := unix.Getxattr(path, name, buf)
+	if err != nil {
+		return ""
+	}
+	return string(buf[:n])
+}
+
+// IsMount says whether p is a mount point of this process's namespace.
+func IsMount(p string) bool {
+	b, _ := os.ReadFile("/proc/self/mountinfo")
+	return strings.Contains(string(b), " "+p+" ")
+}
+
+// DropCaches writes back and drops the page cache, so the next read of
+// anything comes from its disk (root only; a no-op otherwise).
+func DropCaches() {
+	unix.Sync()
+	os.WriteFile("/proc/sys/vm/drop_caches", []byte("3"), 0)
+}
+
+// TryWait polls cond every 50 ms for up to d; it reports whether cond held.
+func TryWait(cond func() bool, d time.Duration) bool {
+	deadline := time.Now().Add(d)
+	for !cond() {
+		if time.Now().After(deadline) {
+			return false
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+	return true
+}
+
+// WaitFor is TryWait with an error naming what did not become ready.
+func WaitFor(cond func() bool, d time.Duration, what string) error {
+	if !TryWait(cond, d) {
+		return fmt.Errorf("%s: not ready after %v", what, d)
+	}
+	return nil
+}
