@@ -3,7 +3,7 @@ GO      ?= go
 BIN     := bin/tierfs
 VERSION ?= $(shell git describe --always --dirty 2>/dev/null || echo dev)
 
-.PHONY: build test fuzz e2e bench bench-local bench-scan bench-xfer bench-tier lint demo deps clean
+.PHONY: build test fuzz e2e bench bench-local bench-scan bench-xfer bench-tier bench-kafka lint demo deps clean
 
 build:
 	$(GO) build -ldflags "-X main.version=$(VERSION)" -o $(BIN) ./cmd/tierfs
@@ -24,7 +24,7 @@ fuzz:
 e2e: build
 	$(GO) test -count=1 -timeout 30m ./e2e/...
 
-bench: bench-local bench-scan bench-xfer bench-tier
+bench: bench-local bench-scan bench-xfer bench-tier bench-kafka
 
 # Transfers against versitygw on loopback: raw aws-sdk-go-v2 limits, then Uploader, Downloader, Reader.
 bench-xfer:
@@ -33,6 +33,10 @@ bench-xfer:
 # Reads of an evicted segment through the mount vs raw GETs, s3fs and rclone; first byte; ls -l of 10,000 segments.
 bench-tier: build
 	$(GO) run ./bench/tier -tierfs $(BIN) -size $(or $(SIZE),1GiB) -runs 3
+
+# A real Kafka broker: produce on a plain dir vs tierfs vs tierfs tiering; consume from 0, local vs evicted.
+bench-kafka: build
+	$(GO) run ./bench/kafka -tierfs $(BIN) -records $(or $(RECORDS),100000) -runs 3
 
 # Segment scan speed (headers, CRC32C, chunker) next to cat, 1 GiB from page cache.
 bench-scan:

@@ -99,7 +99,9 @@ func parseCheckpoint(name string, data []byte, fields int, entry func(off int64,
 	}
 	line, at, ok := next()
 	if !ok {
-		return formatErr(name, 0, "empty file: no version line")
+		// As Kafka's own reader: an empty file (the broker creates
+		// cleaner-offset-checkpoint empty) is an empty checkpoint.
+		return nil
 	}
 	if line != "0" {
 		return formatErr(name, at, "unsupported version %q (want 0)", trunc(line))

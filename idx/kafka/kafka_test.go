@@ -65,8 +65,12 @@ func TestOffsetCheckpoint(t *testing.T) {
 	if len(cp) != 3 || cp[TopicPartition{"orders", 0}] != 1234 || cp[TopicPartition{"orders", 1}] != 99 {
 		t.Fatalf("got %v", cp)
 	}
+	// An empty file is an empty checkpoint, as Kafka reads it (the broker
+	// creates cleaner-offset-checkpoint empty).
+	if cp, err := ParseOffsetCheckpoint("cleaner-offset-checkpoint", nil); err != nil || len(cp) != 0 {
+		t.Fatalf("empty: %v %v", cp, err)
+	}
 	bad := map[string]string{
-		"":                          "no version line",
 		"1\n0\n":                    "unsupported version",
 		"0\n":                       "missing count",
 		"0\nx\n":                    "bad count",

@@ -1,0 +1,286 @@
+// Package kafka runs a real Apache Kafka broker for the end-to-end tests:
+// a single KRaft node (broker and controller) on 127.0.0.1, from the jars
+// that pom.xml beside this file fetches from Maven Central into lib/
+// (scripts/install-deps runs mvn for it).
+package kafka
+
+import (
+	"bufio"
+	"bytes"
+	"crypto/rand"
+	"encoding/base64"
+	"errors"
+	"fmt"
+	"net"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"runtime"
+	"sort"
+	"strings"
+	"sync"
+	"syscall"
+	"time"
+)
+
+// LibDir is where the broker's jars are: e2e/kafka/lib.
+func LibDir() string {
+	_, file, _, _ := runtime.Caller(0)
+	return filepath.Join(filepath.Dir(file), "lib")
+}
+
+// Available says why a broker cannot run here, or "" if it can.
+func Available() string {
+	if _, err := exec.LookPath("java"); err != nil {
+		return "no java on PATH"
+	}
+	if m, _ := filepath.Glob(filepath.Join(LibDir(), "kafka_2.13-*.jar")); len(m) == 0 {
+		return "no Kafka jars in " + LibDir() + " (run scripts/install-deps, or mvn -f e2e/kafka/pom.xml dependency:copy-dependencies -DoutputDirectory=lib)"
+	}
+	return ""
+}
+
+// Options configure a broker.
+type Options struct {
+	LogDir      string            // log.dirs (the tierfs mount)
+	MetadataDir string            // metadata.log.dir, kept off the mount
+	WorkDir     string            // config and the broker's own log
+	Props       map[string]string // more server.properties, over the defaults
+}
+
+// Broker is a running (or stopped) broker process.
+type Broker struct {
+	Addr string // bootstrap address
+	opts Options
+	cfg  string
+	mu   sync.Mutex
+	log  *bytes.Buffer
+	// started is where the log of the current process begins.
+	started int
+	cmd     *exec.Cmd
+	done    chan struct{}
+}
+
+func freePort() (int, error) {
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		return 0, err
+	}
+	defer l.Close()
+	return l.Addr().(*net.TCPAddr).Port, nil
+}
+
+// Defaults are the server.properties every test broker gets: small
+// segments that roll, recovery points and high watermarks checkpointed
+// every second, single-replica internal topics.
+func Defaults() map[string]string {
+	return map[string]string{
+		"process.roles":                                    "broker,controller",
+		"node.id":                                          "1",
+		"controller.listener.names":                        "CONTROLLER",
+		"listener.security.protocol.map":                   "PLAINTEXT:PLAINTEXT,CONTROLLER:PLAINTEXT",
+		"inter.broker.listener.name":                       "PLAINTEXT",
+		"num.partitions":                                   "1",
+		"offsets.topic.replication.factor":                 "1",
+		"offsets.topic.num.partitions":                     "1",
+		"transaction.state.log.replication.factor":         "1",
+		"transaction.state.log.min.isr":                    "1",
+		"share.coordinator.state.topic.replication.factor": "1",
+		"share.coordinator.state.topic.min.isr":            "1",
+		"group.initial.rebalance.delay.ms":                 "0",
+		"auto.create.topics.enable":                        "false",
+		"log.segment.bytes":                                "1048576",
+		"log.flush.interval.ms":                            "1000",
+		"log.flush.scheduler.interval.ms":                  "1000",
+		"log.flush.offset.checkpoint.interval.ms":          "1000",
+		"log.flush.start.offset.checkpoint.interval.ms":    "1000",
+		"replica.high.watermark.checkpoint.interval.ms":    "1000",
+		"log.retention.check.interval.ms":                  "1000",
+		"file.delete.delay.ms":                             "1000",
+		"log.cleaner.backoff.ms":                           "1000",
+	}
+}
+
+// Start formats the metadata and log dirs and starts a broker.
+func Start(opts Options) (*Broker, error) {
+	if why := Available(); why != "" {
+		return nil, errors.New(why)
+	}
+	port, err := freePort()
+	if err != nil {
+		return nil, err
+	}
+	cport, err := freePort()
+	if err != nil {
+		return nil, err
+	}
+	props := Defaults()
+	props["listeners"] = fmt.Sprintf("PLAINTEXT://127.0.0.1:%d,CONTROLLER://127.0.0.1:%d", port, cport)
+	props["advertised.listeners"] = fmt.Sprintf("PLAINTEXT://127.0.0.1:%d", port)
+	props["controller.quorum.voters"] = fmt.Sprintf("1@127.0.0.1:%d", cport)
+	props["log.dirs"] = opts.LogDir
+	props["metadata.log.dir"] = opts.MetadataDir
+	for k, v := range opts.Props {
+		props[k] = v
+	}
+	var keys []string
+	for k := range props {
+		keys = append(keys, k)
+	}
+	sort.Strings(keys)
+	var b strings.Builder
+	for _, k := range keys {
+		fmt.Fprintf(&b, "%s=%s\n", k, props[k])
+	}
+	if err := os.MkdirAll(opts.WorkDir, 0o755); err != nil {
+		return nil, err
+	}
+	br := &Broker{Addr: fmt.Sprintf("127.0.0.1:%d", port), opts: opts, cfg: filepath.Join(opts.WorkDir, "server.properties"), log: &bytes.Buffer{}}
+	if err := os.WriteFile(br.cfg, []byte(b.String()), 0o644); err != nil {
+		return nil, err
+	}
+	l4j := filepath.Join(opts.WorkDir, "log4j2.properties")
+	if err := os.WriteFile(l4j, []byte(log4j), 0o644); err != nil {
+		return nil, err
+	}
+	var id [16]byte
+	rand.Read(id[:])
+	out, err := exec.Command("java", br.jvmArgs("kafka.tools.StorageTool", "format", "-t", base64.RawURLEncoding.EncodeToString(id[:]), "-c", br.cfg)...).CombinedOutput()
+	if err != nil {
+		return nil, fmt.Errorf("format: %v\n%s", err, out)
+	}
+	return br, br.Restart()
+}
+
+const log4j = `status = warn
+appender.out.type = Console
+appender.out.name = OUT
+appender.out.layout.type = PatternLayout
+appender.out.layout.pattern = [%d] %p %m (%c)%n
+rootLogger.level = INFO
+rootLogger.appenderRef.out.ref = OUT
+logger.kafka.name = kafka
+logger.kafka.level = INFO
+logger.state.name = state.change.logger
+logger.state.level = WARN
+`
+
+func (br *Broker) jvmArgs(main string, args ...string) []string {
+	return append([]string{"-Xmx768m", "-XX:+UseG1GC", "-Djava.awt.headless=true",
+		"-Dlog4j2.configurationFile=" + filepath.Join(br.opts.WorkDir, "log4j2.properties"),
+		"-cp", filepath.Join(LibDir(), "*"), main}, args...)
+}
+
+// Restart starts the broker process again (after Stop or Kill) and waits
+// until it serves.
+func (br *Broker) Restart() error {
+	br.mu.Lock()
+	cmd := exec.Command("java", br.jvmArgs("kafka.Kafka", br.cfg)...)
+	cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL}
+	pr, pw, err := os.Pipe()
+	if err != nil {
+		br.mu.Unlock()
+		return err
+	}
+	cmd.Stdout, cmd.Stderr = pw, pw
+	if err := cmd.Start(); err != nil {
+		br.mu.Unlock()
+		return err
+	}
+	pw.Close()
+	br.cmd, br.done = cmd, make(chan struct{})
+	br.started = br.log.Len()
+	done := br.done
+	br.mu.Unlock()
+	started := make(chan struct{})
+	var once sync.Once
+	go func() {
+		sc := bufio.NewScanner(pr)
+		sc.Buffer(make([]byte, 1<<20), 1<<20)
+		for sc.Scan() {
+			line := sc.Text()
+			br.mu.Lock()
+			br.log.WriteString(line + "\n")
+			br.mu.Unlock()
+			if strings.Contains(line, "Kafka Server started") {
+				once.Do(func() { close(started) })
+			}
+		}
+	}()
+	go func() { cmd.Wait(); close(done) }()
+	select {
+	case <-started:
+		return nil
+	case <-done:
+		return fmt.Errorf("broker exited during start:\n%s", br.Log())
+	case <-time.After(90 * time.Second):
+		return fmt.Errorf("broker not started after 90s:\n%s", br.Log())
+	}
+}
+
+// Running says whether the broker process is alive.
+func (br *Broker) Running() bool {
+	br.mu.Lock()
+	done := br.done
+	br.mu.Unlock()
+	select {
+	case <-done:
+		return false
+	default:
+		return true
+	}
+}
+
+// Stop shuts the broker down cleanly (SIGTERM) and waits.
+func (br *Broker) Stop() error { return br.signal(syscall.SIGTERM, 60*time.Second) }
+
+// Kill kills the broker (kill -9) and waits.
+func (br *Broker) Kill() error { return br.signal(syscall.SIGKILL, 30*time.Second) }
+
+func (br *Broker) signal(sig syscall.Signal, wait time.Duration) error {
+	br.mu.Lock()
+	cmd, done := br.cmd, br.done
+	br.mu.Unlock()
+	if cmd == nil {
+		return nil
+	}
+	select {
+	case <-done:
+		return nil
+	default:
+	}
+	cmd.Process.Signal(sig)
+	select {
+	case <-done:
+		return nil
+	case <-time.After(wait):
+		cmd.Process.Kill()
+		<-done
+		return fmt.Errorf("broker did not stop on %v within %v", sig, wait)
+	}
+}
+
+// Log is everything the broker printed so far.
+func (br *Broker) Log() string {
+	br.mu.Lock()
+	defer br.mu.Unlock()
+	return br.log.String()
+}
+
+// Problems are the lines the running broker process logged that say
+// something is wrong with its log: errors, and warnings about corrupt
+// segments or invalid indexes.
+func (br *Broker) Problems() []string {
+	br.mu.Lock()
+	log := br.log.String()[br.started:]
+	br.mu.Unlock()
+	var out []string
+	for _, l := range strings.Split(log, "\n") {
+		low := strings.ToLower(l)
+		if strings.Contains(l, "] ERROR ") || strings.Contains(l, "] FATAL ") ||
+			strings.Contains(low, "corrupt") || strings.Contains(low, "invalid") && strings.Contains(low, "index") {
+			out = append(out, l)
+		}
+	}
+	return out
+}
