@@ -3,8 +3,9 @@
 // on a mount that tiers to a dir store while it takes the writes; and
 // consumer throughput from offset 0 with every segment local (plain
 // directory, mount) and with every rolled segment evicted (mount with a
-// remote). Each run produces and consumes a topic of its own; the page
-// cache is dropped before each consumer starts. Medians of -runs, with
+// remote). The three brokers run at once; each run produces a topic of
+// its own on each in turn, then consumes them in turn, with the page
+// cache dropped before each consumer starts. Medians of -runs, with
 // ratios to the plain directory of the same run. Not a test.
 package main
 
@@ -30,7 +31,15 @@ func main() {
 	bin := flag.String("tierfs", "bin/tierfs", "tierfs binary")
 	records := flag.Int("records", 100_000, "records per topic (1 KB values)")
 	runs := flag.Int("runs", 3, "runs (topics) per configuration")
+	segmentBytes := flag.String("segment-bytes", "16MiB", "log.segment.bytes (the e2e tests use 1MiB; Kafka's default is 1GiB)")
+	flushMs := flag.Int64("flush-ms", 0, "log.flush.interval.ms, a forced fsync this often (0: Kafka's default, none; the e2e tests use 1000)")
 	flag.Parse()
+	segBytes, err := benchutil.ParseSize(*segmentBytes)
+	check(err)
+	props := map[string]string{"log.segment.bytes": fmt.Sprint(segBytes), "log.flush.interval.ms": "9223372036854775807"}
+	if *flushMs > 0 {
+		props["log.flush.interval.ms"] = fmt.Sprint(*flushMs)
+	}
 	if why := kafka.Available(); why != "" {
 		check(fmt.Errorf("%s", why))
 	}
@@ -52,44 +61,58 @@ func main() {
 			"--remote", "file://" + filepath.Join(dir, "remote"), "--ship-after", "1s",
 			"--local-retention-bytes", "1", "--tier-interval", "500ms"}},
 	}
-	type result struct{ produceMBs, consumeMBs, consumeRecs []float64 }
-	results := map[string]*result{}
+	type setup struct {
+		config
+		logDir                              string
+		br                                  *kafka.Broker
+		stop                                func()
+		streams                             []kafka.Stream
+		produceMBs, consumeMBs, consumeRecs []float64
+	}
+	var setups []*setup
+	// All brokers run at once and every run measures them in turn, so
+	// the ratios compare measurements taken moments apart.
 	for ci, cfg := range configs {
-		fmt.Fprintf(os.Stderr, "%s\n", cfg.name)
-		logDir := filepath.Join(dir, fmt.Sprint(ci), "logs")
-		check(os.MkdirAll(logDir, 0o755))
-		stop := func() {}
+		su := &setup{config: cfg, logDir: filepath.Join(dir, fmt.Sprint(ci), "logs"), stop: func() {}}
+		check(os.MkdirAll(su.logDir, 0o755))
 		if cfg.mount != nil {
 			backing := filepath.Join(dir, fmt.Sprint(ci), "backing")
 			check(os.MkdirAll(backing, 0o755))
-			stop = mount(tierfsBin, filepath.Join(dir, fmt.Sprint(ci), "tierfs.log"), append(append([]string{"--backing", backing}, cfg.mount...), logDir))
+			su.stop = mount(tierfsBin, filepath.Join(dir, fmt.Sprint(ci), "tierfs.log"), append(append([]string{"--backing", backing}, cfg.mount...), su.logDir))
 		}
 		work := filepath.Join(dir, fmt.Sprint(ci), "broker")
-		br, err := kafka.Start(kafka.Options{LogDir: logDir, MetadataDir: filepath.Join(work, "metadata"), WorkDir: work})
+		su.br, err = kafka.Start(kafka.Options{LogDir: su.logDir, MetadataDir: filepath.Join(work, "metadata"), WorkDir: work, Props: props})
 		check(err)
-		res := &result{}
-		results[cfg.name] = res
-		var streams []kafka.Stream
-		for r := range *runs {
+		setups = append(setups, su)
+	}
+	for r := range *runs {
+		for _, su := range setups {
 			s := kafka.Stream{Topic: fmt.Sprintf("bench-%d", r), Size: 1000}
-			streams = append(streams, s)
-			createTopic(br, s.Topic)
-			c := newClient(br, kafka.ProducerOpts()...)
+			su.streams = append(su.streams, s)
+			createTopic(su.br, s.Topic)
+			c := newClient(su.br, kafka.ProducerOpts()...)
 			var perr error
 			d := benchutil.Time(func() { perr = kafka.Produce(context.Background(), c, s, 0, *records) })
 			c.Close()
 			check(perr)
-			res.produceMBs = append(res.produceMBs, float64(*records)*float64(1000+11)/1e6/d.Seconds())
+			// Keys and values: 11 + 1000 bytes a record.
+			su.produceMBs = append(su.produceMBs, float64(*records)*1011/1e6/d.Seconds())
+			fmt.Fprintf(os.Stderr, "run %d, %s: produce %.1f MB/s\n", r+1, su.name, su.produceMBs[r])
 		}
-		if cfg.remote {
-			fmt.Fprintln(os.Stderr, "  waiting for the rolled segments to be evicted")
-			for _, s := range streams {
-				check(benchutil.WaitFor(func() bool { return allEvicted(filepath.Join(logDir, s.Topic+"-0")) }, 10*time.Minute, s.Topic+" evicted"))
+	}
+	for _, su := range setups {
+		if su.remote {
+			fmt.Fprintln(os.Stderr, "waiting for the rolled segments to be evicted")
+			for _, s := range su.streams {
+				check(benchutil.WaitFor(func() bool { return allEvicted(filepath.Join(su.logDir, s.Topic+"-0")) }, 10*time.Minute, s.Topic+" evicted"))
 			}
 		}
-		for _, s := range streams {
+	}
+	for r := range *runs {
+		for _, su := range setups {
+			s := su.streams[r]
 			benchutil.DropCaches()
-			c := newClient(br, kafka.ConsumerOpts(s)...)
+			c := newClient(su.br, kafka.ConsumerOpts(s)...)
 			var got kafka.Consumed
 			var cerr error
 			d := benchutil.Time(func() {
@@ -97,25 +120,28 @@ func main() {
 			})
 			c.Close()
 			check(cerr)
-			res.consumeMBs = append(res.consumeMBs, float64(got.Bytes)/1e6/d.Seconds())
-			res.consumeRecs = append(res.consumeRecs, float64(got.Records)/d.Seconds())
+			su.consumeMBs = append(su.consumeMBs, float64(got.Bytes)/1e6/d.Seconds())
+			su.consumeRecs = append(su.consumeRecs, float64(got.Records)/d.Seconds())
+			fmt.Fprintf(os.Stderr, "run %d, %s: consume %.1f MB/s\n", r+1, su.name, su.consumeMBs[r])
 		}
-		if p := br.Problems(); len(p) > 0 {
-			check(fmt.Errorf("the broker logged:\n%s", strings.Join(p, "\n")))
+	}
+	for _, su := range setups {
+		if p := su.br.Problems(); len(p) > 0 {
+			check(fmt.Errorf("%s: the broker logged:\n%s", su.name, strings.Join(p, "\n")))
 		}
-		check(br.Stop())
-		stop()
+		check(su.br.Stop())
+		su.stop()
 	}
 
-	base := results[configs[0].name]
-	fmt.Printf("Kafka %s broker, %d records of 1 KB per topic, medians of %d runs (ratios: median of per-run ratios to the plain directory)\n\n", kafkaVersion(), *records, *runs)
+	base := setups[0]
+	fmt.Printf("Kafka %s broker, log.segment.bytes %s, log.flush.interval.ms %s, %d records of 1 KB per topic, medians of %d runs (ratios: median of per-run ratios to the plain directory)\n\n",
+		kafkaVersion(), *segmentBytes, props["log.flush.interval.ms"], *records, *runs)
 	fmt.Println("| configuration | produce MB/s | × plain | consume from 0, MB/s | records/s | × plain |")
 	fmt.Println("|---|---|---|---|---|---|")
-	for _, cfg := range configs {
-		r := results[cfg.name]
-		fmt.Printf("| %s | %.0f | %.2f | %.0f | %.0f | %.2f |\n", cfg.name,
-			benchutil.Median(r.produceMBs), benchutil.Median(ratios(r.produceMBs, base.produceMBs)),
-			benchutil.Median(r.consumeMBs), benchutil.Median(r.consumeRecs), benchutil.Median(ratios(r.consumeMBs, base.consumeMBs)))
+	for _, su := range setups {
+		fmt.Printf("| %s | %.0f | %.2f | %.0f | %.0f | %.2f |\n", su.name,
+			benchutil.Median(su.produceMBs), benchutil.Median(ratios(su.produceMBs, base.produceMBs)),
+			benchutil.Median(su.consumeMBs), benchutil.Median(su.consumeRecs), benchutil.Median(ratios(su.consumeMBs, base.consumeMBs)))
 	}
 }
 

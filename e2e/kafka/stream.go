@@ -44,7 +44,8 @@ func (s Stream) Record(i int) *kgo.Record {
 	for j := 0; j < s.Size/2; j++ {
 		v[j] = byte(r.Uint32())
 	}
-	copy(v[s.Size/2:], bytes.Repeat([]byte(fmt.Sprintf("event-%d;", i)), s.Size))
+	pat := []byte(fmt.Sprintf("event-%d;", i))
+	copy(v[s.Size/2:], bytes.Repeat(pat, (s.Size+1)/2/len(pat)+1))
 	return &kgo.Record{
 		Topic:     s.Topic,
 		Key:       s.key(i),
