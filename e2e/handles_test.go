@@ -23,9 +23,7 @@ func TestHandlesOpenAcrossEviction(t *testing.T) {
 	requireRoot(t)
 	for _, r := range remotes(t) {
 		t.Run(r.name, func(t *testing.T) {
-			dir := t.TempDir()
-			backing, mnt := filepath.Join(dir, "backing"), filepath.Join(dir, "mnt")
-			os.MkdirAll(mnt, 0o755)
+			_, backing, mnt := mountDirs(t)
 			bases, err := kafkatest.LogDir{Topic: "orders", Partitions: 1, Segments: 5, Batches: 30, Records: 16, ValueSize: 1000, Unflushed: 1, Age: time.Hour}.Write(backing)
 			if err != nil {
 				t.Fatal(err)

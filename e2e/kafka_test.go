@@ -165,6 +165,27 @@ func waitFor(t *testing.T, limit time.Duration, what string, cond func() bool, l
 	}
 }
 
+// waitEvicted waits until a partition has more than min segments and all
+// but the newest three are evicted (the active one, and the newest rolled
+// ones, which wait for the broker's recovery point).
+func waitEvicted(t *testing.T, part string, min int, m *mount) {
+	t.Helper()
+	waitFor(t, 3*time.Minute, fmt.Sprintf("more than %d segments, all but 3 evicted", min), func() bool {
+		all, remote := segments(t, part, "remote")
+		return all > min && remote >= all-3
+	}, m.Log)
+}
+
+// logObjects counts the .log objects of a partition in the store at url.
+func logObjects(t *testing.T, url string, env []string, partition string) int {
+	t.Helper()
+	out, code := tierfs(t, append([]string{"TIERFS_STORE=" + url}, env...), "store", "ls", partition+"/")
+	if code != 0 {
+		t.Fatalf("store ls: %s", out)
+	}
+	return strings.Count(out, ".log\n") + strings.Count(out, ".log ")
+}
+
 // verifySegments runs tierfs index verify on every .log of a partition
 // dir (through the mount): batch CRCs, offset order, and the segment's
 // .index and .timeindex against it.
@@ -220,10 +241,7 @@ func TestKafkaPlainMount(t *testing.T) {
 	var plain, mounted []string
 	t.Run("plain", func(t *testing.T) { plain = run(t, t.TempDir()) })
 	t.Run("mount", func(t *testing.T) {
-		dir := t.TempDir()
-		backing, mnt := filepath.Join(dir, "backing"), filepath.Join(dir, "mnt")
-		os.MkdirAll(backing, 0o755)
-		os.MkdirAll(mnt, 0o755)
+		_, backing, mnt := mountDirs(t)
 		startMount(t, nil, "--backing", backing, mnt)
 		mounted = run(t, mnt)
 		segs := 0
@@ -264,10 +282,7 @@ func TestKafkaTiering(t *testing.T) {
 	requireKafka(t)
 	for _, r := range remotes(t) {
 		t.Run(r.name, func(t *testing.T) {
-			dir := t.TempDir()
-			backing, mnt := filepath.Join(dir, "backing"), filepath.Join(dir, "mnt")
-			os.MkdirAll(backing, 0o755)
-			os.MkdirAll(mnt, 0o755)
+			_, backing, mnt := mountDirs(t)
 			m := startMount(t, r.env, "--backing", backing, "--remote", r.url, "--ship-after", "2s",
 				"--local-retention-bytes", "1", "--tier-interval", "500ms", mnt)
 			br := startBroker(t, mnt, nil)
@@ -276,10 +291,7 @@ func TestKafkaTiering(t *testing.T) {
 			createTopic(t, br, s.Topic, nil)
 			produce(t, br, s, 0, n)
 			part := filepath.Join(mnt, s.Topic+"-0")
-			waitFor(t, 3*time.Minute, "most segments evicted", func() bool {
-				all, remote := segments(t, part, "remote")
-				return all > 20 && remote >= all-3
-			}, m.Log)
+			waitEvicted(t, part, 20, m)
 			all, _ := segments(t, part, "remote")
 			logical := int64(0)
 			logs, _ := filepath.Glob(filepath.Join(part, "*.log"))
@@ -317,14 +329,7 @@ func TestKafkaTiering(t *testing.T) {
 
 			// Retention: the broker deletes all but the newest segments
 			// (rename to .deleted, unlink a second later); their objects go.
-			storeEnv := append([]string{"TIERFS_STORE=" + r.url}, r.env...)
-			countObjects := func() int {
-				out, code := tierfs(t, storeEnv, "store", "ls", s.Topic+"-0/")
-				if code != 0 {
-					t.Fatalf("store ls: %s", out)
-				}
-				return strings.Count(out, ".log\n") + strings.Count(out, ".log ")
-			}
+			countObjects := func() int { return logObjects(t, r.url, r.env, s.Topic+"-0") }
 			before := countObjects()
 			if before < all-4 {
 				t.Fatalf("%d .log objects in the store for %d segments", before, all)
@@ -360,10 +365,7 @@ func killMount(t *testing.T, m *mount) {
 // its segments or indexes.
 func TestKafkaRestarts(t *testing.T) {
 	requireKafka(t)
-	dir := t.TempDir()
-	backing, mnt := filepath.Join(dir, "backing"), filepath.Join(dir, "mnt")
-	os.MkdirAll(backing, 0o755)
-	os.MkdirAll(mnt, 0o755)
+	dir, backing, mnt := mountDirs(t)
 	// Shipping is slowed down so that the kills land in the middle of it.
 	args := []string{"--backing", backing, "--remote", "file://" + filepath.Join(dir, "remote"), "--ship-after", "1s",
 		"--ship-rate", "1MiB", "--local-retention-bytes", "1", "--tier-interval", "200ms", mnt}
@@ -409,10 +411,7 @@ func TestKafkaRestarts(t *testing.T) {
 		t.Fatal(err)
 	}
 	produce(t, br, s, 30000, 40000)
-	waitFor(t, 3*time.Minute, "most segments evicted", func() bool {
-		all, remote := segments(t, part, "remote")
-		return all > 20 && remote >= all-3
-	}, m.Log)
+	waitEvicted(t, part, 20, m)
 	got := consumeAll(t, br, s, 40000)
 	if got.Records != 40000 {
 		t.Errorf("consumed %d records, want 40000", got.Records)
@@ -429,10 +428,8 @@ func TestKafkaRestarts(t *testing.T) {
 // latest record of every key is there, and older ones were removed.
 func TestKafkaCompaction(t *testing.T) {
 	requireKafka(t)
-	dir := t.TempDir()
-	backing, mnt, remote := filepath.Join(dir, "backing"), filepath.Join(dir, "mnt"), "file://"+filepath.Join(dir, "remote")
-	os.MkdirAll(backing, 0o755)
-	os.MkdirAll(mnt, 0o755)
+	dir, backing, mnt := mountDirs(t)
+	remote := "file://" + filepath.Join(dir, "remote")
 	m := startMount(t, nil, "--backing", backing, "--remote", remote, "--ship-after", "1s",
 		"--local-retention-bytes", "1", "--tier-interval", "200ms", mnt)
 	br := startBroker(t, mnt, nil)
@@ -441,10 +438,7 @@ func TestKafkaCompaction(t *testing.T) {
 	createTopic(t, br, s.Topic, map[string]string{"min.cleanable.dirty.ratio": "0.01", "min.compaction.lag.ms": "0"})
 	produce(t, br, s, 0, n)
 	part := filepath.Join(mnt, s.Topic+"-0")
-	waitFor(t, 3*time.Minute, "most segments evicted", func() bool {
-		all, remote := segments(t, part, "remote")
-		return all > 15 && remote >= all-3
-	}, m.Log)
+	waitEvicted(t, part, 15, m)
 	all, evicted := segments(t, part, "remote")
 	t.Logf("%d segments, %d evicted before compaction", all, evicted)
 
@@ -460,14 +454,7 @@ func TestKafkaCompaction(t *testing.T) {
 		}
 		return cp[idxkafka.TopicPartition{Topic: s.Topic, Partition: 0}]
 	}
-	storeEnv := []string{"TIERFS_STORE=" + remote}
-	objects := func() int {
-		out, code := tierfs(t, storeEnv, "store", "ls", s.Topic+"-0/")
-		if code != 0 {
-			t.Fatalf("store ls: %s", out)
-		}
-		return strings.Count(out, ".log\n") + strings.Count(out, ".log ")
-	}
+	objects := func() int { return logObjects(t, remote, nil, s.Topic+"-0") }
 	// The cleaner went through the evicted segments, the old versions were
 	// deleted, and only objects of segments still shipped are left.
 	waitFor(t, 3*time.Minute, "compacted, old versions and their objects gone", func() bool {

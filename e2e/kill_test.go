@@ -28,9 +28,8 @@ import (
 // multipart upload or journal is left.
 func TestKillDuringTiering(t *testing.T) {
 	requireRoot(t)
-	dir := t.TempDir()
-	backing, mnt, remoteDir := filepath.Join(dir, "backing"), filepath.Join(dir, "mnt"), filepath.Join(dir, "remote")
-	os.MkdirAll(mnt, 0o755)
+	dir, backing, mnt := mountDirs(t)
+	remoteDir := filepath.Join(dir, "remote")
 	bases, err := kafkatest.LogDir{Topic: "events", Partitions: 2, Segments: 8, Batches: 40, Records: 16, ValueSize: 20000, Unflushed: 1, Age: time.Hour}.Write(backing)
 	if err != nil {
 		t.Fatal(err)

@@ -40,6 +40,19 @@ func TestMain(m *testing.M) {
 	os.Exit(code)
 }
 
+// mountDirs makes a test's directory with an empty backing dir and a
+// mount point in it.
+func mountDirs(t *testing.T) (dir, backing, mnt string) {
+	dir = t.TempDir()
+	backing, mnt = filepath.Join(dir, "backing"), filepath.Join(dir, "mnt")
+	for _, d := range []string{backing, mnt} {
+		if err := os.MkdirAll(d, 0o755); err != nil {
+			t.Fatal(err)
+		}
+	}
+	return dir, backing, mnt
+}
+
 func requireRoot(t *testing.T) {
 	if os.Geteuid() != 0 {
 		t.Skip("needs root (CI runs as root)")
@@ -191,9 +204,7 @@ func TestTierThroughMount(t *testing.T) {
 	requireRoot(t)
 	for _, r := range remotes(t) {
 		t.Run(r.name, func(t *testing.T) {
-			dir := t.TempDir()
-			backing, mnt := filepath.Join(dir, "backing"), filepath.Join(dir, "mnt")
-			os.MkdirAll(mnt, 0o755)
+			_, backing, mnt := mountDirs(t)
 			bases, err := kafkatest.LogDir{Topic: "orders", Partitions: 2, Segments: 5, Batches: 40, Records: 16, ValueSize: 1000, Unflushed: 1, Age: time.Hour}.Write(backing)
 			if err != nil {
 				t.Fatal(err)

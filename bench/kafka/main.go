@@ -14,10 +14,8 @@ import (
 	"flag"
 	"fmt"
 	"os"
-	"os/exec"
 	"path/filepath"
 	"strings"
-	"syscall"
 	"time"
 
 	"github.com/twmb/franz-go/pkg/kadm"
@@ -78,7 +76,8 @@ func main() {
 		if cfg.mount != nil {
 			backing := filepath.Join(dir, fmt.Sprint(ci), "backing")
 			check(os.MkdirAll(backing, 0o755))
-			su.stop = mount(tierfsBin, filepath.Join(dir, fmt.Sprint(ci), "tierfs.log"), append(append([]string{"--backing", backing}, cfg.mount...), su.logDir))
+			su.stop, err = benchutil.Mount(tierfsBin, filepath.Join(dir, fmt.Sprint(ci), "tierfs.log"), nil, append(append([]string{"--backing", backing}, cfg.mount...), su.logDir)...)
+			check(err)
 		}
 		work := filepath.Join(dir, fmt.Sprint(ci), "broker")
 		su.br, err = kafka.Start(kafka.Options{LogDir: su.logDir, MetadataDir: filepath.Join(work, "metadata"), WorkDir: work, Props: props})
@@ -191,22 +190,6 @@ func createTopic(br *kafka.Broker, topic string) {
 		err = res.Err
 	}
 	check(err)
-}
-
-// mount runs tierfs mount with args until the returned func stops it.
-func mount(bin, logPath string, args []string) func() {
-	mnt := args[len(args)-1]
-	cmd := exec.Command(bin, append([]string{"mount"}, args...)...)
-	logf, err := os.Create(logPath)
-	check(err)
-	cmd.Stdout, cmd.Stderr = logf, logf
-	check(cmd.Start())
-	check(benchutil.WaitFor(func() bool { return benchutil.IsMount(mnt) }, 20*time.Second, "tierfs mount"))
-	return func() {
-		cmd.Process.Signal(syscall.SIGTERM)
-		cmd.Wait()
-		logf.Close()
-	}
 }
 
 func check(err error) {

@@ -82,21 +82,14 @@ func main() {
 	env := []string{"TIERFS_S3_ACCESS_KEY=" + srv.AccessKey, "TIERFS_S3_SECRET_KEY=" + srv.SecretKey}
 	remote := "s3://bench/kafka?endpoint=" + srv.Endpoint
 	mount := func(extra ...string) func() {
-		cmd := exec.Command(tierfsBin, "mount", "--backing", backing, "--remote", remote, "--ship-after", "1m",
-			"--local-retention-bytes", "1", "--tier-interval", "500ms", "--cache-bytes", "1048576", mnt)
-		cmd.Env = append(append(os.Environ(), env...), extra...)
+		env := append(env, extra...)
 		if p := os.Getenv("BENCH_TIER_CPUPROFILE"); p != "" {
-			cmd.Env = append(cmd.Env, "TIERFS_CPUPROFILE="+p)
+			env = append(env, "TIERFS_CPUPROFILE="+p)
 		}
-		logf, _ := os.Create(filepath.Join(dir, "tierfs.log"))
-		cmd.Stdout, cmd.Stderr = logf, logf
-		check(cmd.Start())
-		check(benchutil.WaitFor(func() bool { return benchutil.IsMount(mnt) }, 20*time.Second, "tierfs mount"))
-		return func() {
-			cmd.Process.Signal(syscall.SIGTERM)
-			cmd.Wait()
-			logf.Close()
-		}
+		unmount, err := benchutil.Mount(tierfsBin, filepath.Join(dir, "tierfs.log"), env, "--backing", backing, "--remote", remote, "--ship-after", "1m",
+			"--local-retention-bytes", "1", "--tier-interval", "500ms", "--cache-bytes", "1048576", mnt)
+		check(err)
+		return unmount
 	}
 	unmount := mount()
 	fmt.Fprintln(os.Stderr, "waiting for the segment to ship and be evicted")

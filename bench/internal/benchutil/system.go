@@ -3,7 +3,9 @@ package benchutil
 import (
 	"fmt"
 	"os"
+	"os/exec"
 	"strings"
+	"syscall"
 	"time"
 
 	"golang.org/x/sys/unix"
@@ -50,4 +52,32 @@ func WaitFor(cond func() bool, d time.Duration, what string) error {
 		return fmt.Errorf("%s: not ready after %v", what, d)
 	}
 	return nil
+}
+
+// Mount runs `tierfs mount args...` (the mount point last) with env added
+// to this process's environment and its output in logPath, and waits until
+// it is mounted. unmount stops it (SIGTERM) and waits for it to exit.
+func Mount(bin, logPath string, env []string, args ...string) (unmount func(), err error) {
+	mnt := args[len(args)-1]
+	logf, err := os.Create(logPath)
+	if err != nil {
+		return nil, err
+	}
+	cmd := exec.Command(bin, append([]string{"mount"}, args...)...)
+	cmd.Env = append(os.Environ(), env...)
+	cmd.Stdout, cmd.Stderr = logf, logf
+	if err := cmd.Start(); err != nil {
+		logf.Close()
+		return nil, err
+	}
+	unmount = func() {
+		cmd.Process.Signal(syscall.SIGTERM)
+		cmd.Wait()
+		logf.Close()
+	}
+	if err := WaitFor(func() bool { return IsMount(mnt) }, 20*time.Second, "tierfs mount"); err != nil {
+		unmount()
+		return nil, fmt.Errorf("%w (log in %s)", err, logPath)
+	}
+	return unmount, nil
 }
