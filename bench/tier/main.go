@@ -96,21 +96,43 @@ func main() {
 	check(benchutil.WaitFor(func() bool { return benchutil.Xattr(segPath, "user.tierfs.state") == "remote" }, 10*time.Minute, "eviction"))
 	key := "kafka/" + benchutil.Xattr(segPath, "user.tierfs.rdi")
 
+	// The peers are mounted once, before the runs.
+	peerFiles := map[string]string{}
+	if *peers {
+		for name, path := range mountPeers(dir, srv, key) {
+			peerFiles[name] = path
+		}
+	}
+	const rawName, mountName = "raw ranged GETs, 1 stream", "tierfs mount, cold sequential read"
+	names := []string{rawName, "raw ranged GETs, 8 streams", "chunkxfer.Reader alone (no FUSE), cold", mountName}
+	var vars []string
+	for _, v := range strings.Split(*variants, ",") {
+		if v != "" {
+			vars = append(vars, v)
+			names = append(names, mountName+", "+v)
+		}
+	}
+	for _, name := range []string{s3fsName, rcloneName} {
+		if peerFiles[name] != "" {
+			names = append(names, name)
+		}
+	}
 	res := map[string][]float64{}
-	add := func(name string, v float64) { res[name] = append(res[name], v) }
+	// Each measurement starts with the page cache dropped, so the server
+	// reads its disk cold for each of them alike.
+	measure := func(name string, fn func()) {
+		benchutil.DropCaches()
+		res[name] = append(res[name], mb/benchutil.Time(fn).Seconds())
+	}
 	var firstByte, firstGet, firstGet4k []float64
 	for run := range *runs {
 		fmt.Fprintf(os.Stderr, "run %d/%d\n", run+1, *runs)
-		// Every measurement starts with the page cache dropped, so the
-		// server reads its disk cold for each of them alike.
-		benchutil.DropCaches()
-		add("raw ranged GETs, 1 stream", mb/benchutil.Time(func() { rawGet(ctx, client, bucket, key, size, 1) }).Seconds())
-		benchutil.DropCaches()
-		add("raw ranged GETs, 8 streams", mb/benchutil.Time(func() { rawGet(ctx, client, bucket, key, size, 8) }).Seconds())
-		benchutil.DropCaches()
-		add("tierfs mount, cold sequential read", mb/benchutil.Time(func() { readFile(segPath, 1<<20) }).Seconds())
-		benchutil.DropCaches()
-		add("chunkxfer.Reader alone (no FUSE), cold", mb/benchutil.Time(func() { readerAlone(ctx, st, strings.TrimPrefix(key, "kafka/")) }).Seconds())
+		// Everything is measured in every run, in turn, so that each
+		// run's ratios compare measurements taken moments apart.
+		measure(rawName, func() { rawGet(ctx, client, bucket, key, size, 1) })
+		measure("raw ranged GETs, 8 streams", func() { rawGet(ctx, client, bucket, key, size, 8) })
+		measure("chunkxfer.Reader alone (no FUSE), cold", func() { readerAlone(ctx, st, strings.TrimPrefix(key, "kafka/")) })
+		measure(mountName, func() { readFile(segPath, 1<<20) })
 		// First byte at a random offset, cold.
 		r := rand.New(rand.NewPCG(uint64(run), 9))
 		for range 5 {
@@ -122,6 +144,20 @@ func main() {
 			benchutil.DropCaches()
 			firstGet4k = append(firstGet4k, benchutil.Time(func() { rawGetRange(ctx, client, bucket, key, off, 4096) }).Seconds()*1000)
 		}
+		if len(vars) > 0 {
+			unmount()
+			for _, v := range vars {
+				unmountV := mount(v)
+				measure(mountName+", "+v, func() { readFile(segPath, 1<<20) })
+				unmountV()
+			}
+			unmount = mount()
+		}
+		for _, name := range []string{s3fsName, rcloneName} {
+			if f := peerFiles[name]; f != "" {
+				measure(name, func() { readFile(f, 1<<20) })
+			}
+		}
 	}
 	// ls -l of 10,000 segments (30,000 files), through the mount and native.
 	var lsMount, lsNative []float64
@@ -130,84 +166,16 @@ func main() {
 		lsNative = append(lsNative, benchutil.Time(func() { run("ls", "-l", many) }).Seconds())
 	}
 	unmount()
-	var names []string
-	for _, v := range strings.Split(*variants, ",") {
-		if v == "" {
-			continue
-		}
-		name := "tierfs mount, cold sequential read, " + v
-		names = append(names, name)
-		unmount := mount(v)
-		for range *runs {
-			benchutil.DropCaches()
-			add(name, mb/benchutil.Time(func() { readFile(segPath, 1<<20) }).Seconds())
-		}
-		unmount()
-	}
-	if !*peers {
-		goto report
-	}
-	{
-		// s3fs and rclone on the same object.
-		passwd := filepath.Join(dir, "passwd-s3fs")
-		check(os.WriteFile(passwd, []byte(srv.AccessKey+":"+srv.SecretKey), 0o600))
-		s3fsMnt := filepath.Join(dir, "s3fs")
-		check(os.MkdirAll(s3fsMnt, 0o755))
-		if err := exec.Command("s3fs", "bench", s3fsMnt, "-o", "url="+srv.Endpoint, "-o", "use_path_request_style", "-o", "passwd_file="+passwd).Run(); err != nil {
-			fmt.Fprintln(os.Stderr, "s3fs:", err)
-		} else {
-			if !benchutil.TryWait(func() bool { return benchutil.IsMount(s3fsMnt) }, 20*time.Second) {
-				fmt.Fprintln(os.Stderr, "s3fs did not mount")
-			}
-			for range *runs {
-				benchutil.DropCaches()
-				add("s3fs (Debian), cold sequential read", mb/benchutil.Time(func() { readFile(filepath.Join(s3fsMnt, key), 1<<20) }).Seconds())
-			}
-			exec.Command("umount", s3fsMnt).Run()
-		}
-		rcloneMnt := filepath.Join(dir, "rclone")
-		check(os.MkdirAll(rcloneMnt, 0o755))
-		rc := exec.Command("rclone", "mount", "vgw:bench", rcloneMnt, "--read-only", "--vfs-cache-mode", "off")
-		// rclone 1.60 cannot load AWS_CA_BUNDLE with its own transport
-		// ("unsupported transport"), and the endpoint is plain HTTP anyway.
-		var rcEnv []string
-		for _, e := range os.Environ() {
-			if !strings.HasPrefix(e, "AWS_CA_BUNDLE=") {
-				rcEnv = append(rcEnv, e)
-			}
-		}
-		rc.Env = append(rcEnv, "RCLONE_CONFIG_VGW_TYPE=s3", "RCLONE_CONFIG_VGW_PROVIDER=Other",
-			"RCLONE_CONFIG_VGW_ACCESS_KEY_ID="+srv.AccessKey, "RCLONE_CONFIG_VGW_SECRET_ACCESS_KEY="+srv.SecretKey,
-			"RCLONE_CONFIG_VGW_ENDPOINT="+srv.Endpoint, "RCLONE_CONFIG_VGW_FORCE_PATH_STYLE=true")
-		rcLog, _ := os.Create(filepath.Join(dir, "rclone.log"))
-		rc.Stdout, rc.Stderr = rcLog, rcLog
-		if err := rc.Start(); err != nil {
-			fmt.Fprintln(os.Stderr, "rclone:", err)
-		} else if !benchutil.TryWait(func() bool { return benchutil.IsMount(rcloneMnt) }, 20*time.Second) {
-			b, _ := os.ReadFile(filepath.Join(dir, "rclone.log"))
-			fmt.Fprintf(os.Stderr, "rclone mount did not come up:\n%s\n", b)
-			rc.Process.Kill()
-			rc.Wait()
-		} else {
-			for range *runs {
-				benchutil.DropCaches()
-				add("rclone mount (Debian), cold sequential read", mb/benchutil.Time(func() { readFile(filepath.Join(rcloneMnt, key), 1<<20) }).Seconds())
-			}
-			exec.Command("umount", rcloneMnt).Run()
-			rc.Process.Signal(syscall.SIGTERM)
-			rc.Wait()
-		}
-	}
-report:
+	unmountPeers(dir)
 
-	fmt.Printf("versitygw v1.8.0 on 127.0.0.1; evicted segment of %.0f MB; medians of %d runs (first byte: of %d samples)\n", mb, *runs, len(firstByte))
-	raw := benchutil.Median(res["raw ranged GETs, 1 stream"])
+	fmt.Printf("versitygw v1.8.0 on 127.0.0.1; evicted segment of %.0f MB; medians of %d runs, ratios are medians of the per-run ratios (first byte: of %d samples)\n", mb, *runs, len(firstByte))
 	fmt.Printf("%-44s %8s %12s\n", "", "MB/s", "× raw 1 GET")
-	for _, name := range append([]string{"raw ranged GETs, 1 stream", "raw ranged GETs, 8 streams", "chunkxfer.Reader alone (no FUSE), cold", "tierfs mount, cold sequential read", "s3fs (Debian), cold sequential read", "rclone mount (Debian), cold sequential read"}, names...) {
-		if len(res[name]) == 0 {
-			continue
+	for _, name := range names {
+		var ratios []float64
+		for i, v := range res[name] {
+			ratios = append(ratios, v/res[rawName][i])
 		}
-		fmt.Printf("%-44s %8.0f %12.2f\n", name, benchutil.Median(res[name]), benchutil.Median(res[name])/raw)
+		fmt.Printf("%-44s %8.0f %12.2f\n", name, benchutil.Median(res[name]), benchutil.Median(ratios))
 	}
 	fmt.Printf("first byte at a random offset through the mount: %.1f ms; one raw GET of its 8 MiB chunk %.1f ms (× %.2f); of 4 KiB %.1f ms\n",
 		benchutil.Median(firstByte), benchutil.Median(firstGet), benchutil.Median(firstByte)/benchutil.Median(firstGet), benchutil.Median(firstGet4k))
@@ -285,3 +253,64 @@ func readerAlone(ctx context.Context, st *store.S3, key string) {
 }
 
 var srvOpts store.S3Options
+
+const (
+	s3fsName   = "s3fs (Debian), cold sequential read"
+	rcloneName = "rclone mount (Debian), cold sequential read"
+)
+
+// mountPeers mounts the bucket with s3fs and rclone and returns, for each
+// that came up, the path of the object key through it.
+func mountPeers(dir string, srv *s3test.Server, key string) map[string]string {
+	out := map[string]string{}
+	passwd := filepath.Join(dir, "passwd-s3fs")
+	check(os.WriteFile(passwd, []byte(srv.AccessKey+":"+srv.SecretKey), 0o600))
+	s3fsMnt := filepath.Join(dir, "s3fs")
+	check(os.MkdirAll(s3fsMnt, 0o755))
+	if err := exec.Command("s3fs", "bench", s3fsMnt, "-o", "url="+srv.Endpoint, "-o", "use_path_request_style", "-o", "passwd_file="+passwd).Run(); err != nil {
+		fmt.Fprintln(os.Stderr, "s3fs:", err)
+	} else if !benchutil.TryWait(func() bool { return benchutil.IsMount(s3fsMnt) }, 20*time.Second) {
+		fmt.Fprintln(os.Stderr, "s3fs did not mount")
+	} else {
+		out[s3fsName] = filepath.Join(s3fsMnt, key)
+	}
+	rcloneMnt := filepath.Join(dir, "rclone")
+	check(os.MkdirAll(rcloneMnt, 0o755))
+	rc := exec.Command("rclone", "mount", "vgw:bench", rcloneMnt, "--read-only", "--vfs-cache-mode", "off")
+	// rclone 1.60 cannot load AWS_CA_BUNDLE with its own transport
+	// ("unsupported transport"), and the endpoint is plain HTTP anyway.
+	var rcEnv []string
+	for _, e := range os.Environ() {
+		if !strings.HasPrefix(e, "AWS_CA_BUNDLE=") {
+			rcEnv = append(rcEnv, e)
+		}
+	}
+	rc.Env = append(rcEnv, "RCLONE_CONFIG_VGW_TYPE=s3", "RCLONE_CONFIG_VGW_PROVIDER=Other",
+		"RCLONE_CONFIG_VGW_ACCESS_KEY_ID="+srv.AccessKey, "RCLONE_CONFIG_VGW_SECRET_ACCESS_KEY="+srv.SecretKey,
+		"RCLONE_CONFIG_VGW_ENDPOINT="+srv.Endpoint, "RCLONE_CONFIG_VGW_FORCE_PATH_STYLE=true")
+	rcLog, _ := os.Create(filepath.Join(dir, "rclone.log"))
+	rc.Stdout, rc.Stderr = rcLog, rcLog
+	// Pdeathsig: the rclone mount goes with the benchmark.
+	rc.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGTERM}
+	if err := rc.Start(); err != nil {
+		fmt.Fprintln(os.Stderr, "rclone:", err)
+	} else if !benchutil.TryWait(func() bool { return benchutil.IsMount(rcloneMnt) }, 20*time.Second) {
+		b, _ := os.ReadFile(filepath.Join(dir, "rclone.log"))
+		fmt.Fprintf(os.Stderr, "rclone mount did not come up:\n%s\n", b)
+		rc.Process.Kill()
+		rc.Wait()
+	} else {
+		out[rcloneName] = filepath.Join(rcloneMnt, key)
+	}
+	return out
+}
+
+// unmountPeers unmounts what mountPeers mounted (rclone exits on it).
+func unmountPeers(dir string) {
+	for _, m := range []string{"s3fs", "rclone"} {
+		p := filepath.Join(dir, m)
+		if benchutil.IsMount(p) {
+			exec.Command("umount", p).Run()
+		}
+	}
+}
