@@ -18,8 +18,21 @@ import (
 // Cache holds verified chunks of remote objects, bounded in bytes. One
 // Cache is shared by every Reader of a process.
 type Cache struct {
-	c *ristretto.Cache[string, []byte]
+	c     *ristretto.Cache[string, []byte]
+	stats CacheStats
 }
+
+// CacheStats count the chunk reads of every Reader of a Cache, for
+// metrics. A read served from a reader's own window of neighbouring
+// chunks counts as neither a hit nor a miss.
+type CacheStats struct {
+	Hits, Misses atomic.Int64 // chunks found in the cache, chunks fetched
+	FetchedBytes atomic.Int64 // verified bytes fetched from the store
+	FetchErrors  atomic.Int64 // chunk fetches that failed (after retries)
+}
+
+// Stats are the cache's running counts.
+func (c *Cache) Stats() *CacheStats { return &c.stats }
 
 // NewCache makes a cache of at most maxBytes of chunk data.
 func NewCache(maxBytes int64) (*Cache, error) {
@@ -230,17 +243,21 @@ func (r *Reader) chunkFor(ctx context.Context, i int, reading bool) ([]byte, err
 		return b, nil
 	}
 	key := r.prefix + strconv.Itoa(i)
+	stats := &r.cache.stats
 	if b, ok := r.cache.c.Get(key); ok {
+		stats.Hits.Add(1)
 		r.windowPut(i, b, reading)
 		return b, nil
 	}
 	ch := r.flight.DoChan(key, func() (any, error) {
 		if b, ok := r.cache.c.Get(key); ok {
+			stats.Hits.Add(1)
 			return b, nil
 		}
 		_, n := r.m.ChunkRange(i)
 		buf := make([]byte, n)
 		r.fetches.Add(1)
+		stats.Misses.Add(1)
 		// The fetch outlives one caller giving up: others may wait on it.
 		policy := defaultRetry
 		policy.attempts = r.opts.Attempts
@@ -248,8 +265,10 @@ func (r *Reader) chunkFor(ctx context.Context, i int, reading bool) ([]byte, err
 			policy.attempts = 2
 		}
 		if err := fetchChunkWith(r.ctx, policy, r.s, r.m, i, buf); err != nil {
+			stats.FetchErrors.Add(1)
 			return nil, err
 		}
+		stats.FetchedBytes.Add(n)
 		// The window serves this reader; the cache serves re-reads
 		// (it may refuse the chunk: then a re-read fetches it again).
 		r.cache.c.Set(key, buf, n)

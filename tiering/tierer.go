@@ -16,6 +16,7 @@ import (
 	"sort"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"syscall"
 	"time"
 
@@ -71,7 +72,20 @@ type Tierer struct {
 	shipping     map[uint64]bool // inodes being shipped; GUARDED_BY(mu)
 	noHandleOnce sync.Once
 	lastErr      map[string]PartitionError // by partition; GUARDED_BY(mu)
+
+	counters Counters
 }
+
+// Counters count what the tierer did since it started (for metrics).
+type Counters struct {
+	ShippedSegments, ShippedBytes atomic.Int64
+	EvictedSegments, FreedBytes   atomic.Int64
+	DeletedSegments               atomic.Int64 // remote copies of segments the broker deleted
+	Errors                        atomic.Int64 // failed steps (each also a partition's last error or a pass's error)
+}
+
+// Counters are the tierer's running counts.
+func (t *Tierer) Counters() *Counters { return &t.counters }
 
 // PartitionError is the last thing that went wrong with a partition.
 type PartitionError struct {
@@ -173,6 +187,10 @@ type Report struct {
 // under the local retention.
 func (t *Tierer) RunOnce(ctx context.Context) Report {
 	rep := Report{Waiting: map[string]int{}}
+	defer func() {
+		t.counters.DeletedSegments.Add(int64(rep.Deleted))
+		t.counters.Errors.Add(int64(len(rep.Errors)))
+	}()
 	if err := t.waitReady(); err != nil {
 		rep.Errors = append(rep.Errors, err)
 		return rep
@@ -445,6 +463,8 @@ func (t *Tierer) Ship(ctx context.Context, seg Segment, progress chunkxfer.Progr
 	if err := writeShipment(t.cfg.StateDir, sh); err != nil {
 		return err
 	}
+	t.counters.ShippedSegments.Add(1)
+	t.counters.ShippedBytes.Add(st.Size)
 	t.cfg.Log.Info("shipped", "segment", seg.Path, "key", key, "bytes", st.Size)
 	return nil
 }
@@ -732,6 +752,8 @@ func (t *Tierer) Evict(path string) error {
 	if _, err := t.finishEvict(Segment{Path: path}, rec); err != nil {
 		return err
 	}
+	t.counters.EvictedSegments.Add(1)
+	t.counters.FreedBytes.Add(st.Blocks * 512)
 	t.cfg.Log.Info("evicted", "segment", path, "freed_bytes", st.Blocks*512)
 	return nil
 }

@@ -17,6 +17,7 @@ import (
 
 	"github.com/tierfs/tierfs/chunkxfer"
 	"github.com/tierfs/tierfs/fs"
+	"github.com/tierfs/tierfs/metrics"
 	"github.com/tierfs/tierfs/tiering"
 	"github.com/urfave/cli/v2"
 )
@@ -44,6 +45,7 @@ func cmdMount() *cli.Command {
 			&cli.IntFlag{Name: "ship-concurrency", Value: 2, Usage: "segments shipped at once", EnvVars: []string{"TIERFS_SHIP_CONCURRENCY"}},
 			&cli.DurationFlag{Name: "tier-interval", Value: 30 * time.Second, Usage: "how often the tierer looks for work", EnvVars: []string{"TIERFS_TIER_INTERVAL"}},
 			&cli.Int64Flag{Name: "cache-bytes", Value: 256 << 20, Usage: "memory for chunks of remote files", EnvVars: []string{"TIERFS_CACHE_BYTES"}},
+			&cli.StringFlag{Name: "metrics-listen", Usage: "serve Prometheus metrics at http://ADDR/metrics, e.g. 127.0.0.1:9464 (default: none)", EnvVars: []string{"TIERFS_METRICS_LISTEN"}},
 		},
 		Action: runMount,
 	}
@@ -84,6 +86,7 @@ func runMount(c *cli.Context) error {
 	var tierer *tiering.Tierer
 	var tier fs.Tiering
 	var shipRate int64
+	var cache *chunkxfer.Cache
 	if url := c.String("remote"); url != "" {
 		st, err := openStore(c, url)
 		if err != nil {
@@ -92,8 +95,7 @@ func runMount(c *cli.Context) error {
 		if shipRate, err = units.ParseSize(c.String("ship-rate")); err != nil {
 			return &exitError{code: 2, err: fmt.Errorf("--ship-rate: %w", err)}
 		}
-		cache, err := chunkxfer.NewCache(c.Int64("cache-bytes"))
-		if err != nil {
+		if cache, err = chunkxfer.NewCache(c.Int64("cache-bytes")); err != nil {
 			return err
 		}
 		tierer, err = tiering.New(tiering.Config{
@@ -112,6 +114,18 @@ func runMount(c *cli.Context) error {
 		}
 		defer tierer.Close()
 		tier = tierer
+	}
+	// Metrics listen before the mount, so a taken address fails early.
+	if addr := c.String("metrics-listen"); addr != "" {
+		var mt metrics.Tiering // stays nil without a remote
+		if tierer != nil {
+			mt = tierer
+		}
+		ctx, cancel := context.WithCancel(context.Background())
+		defer cancel()
+		if err := metrics.Serve(ctx, addr, metrics.Registry(mt, cache, log), log); err != nil {
+			return fmt.Errorf("--metrics-listen: %w", err)
+		}
 	}
 	m, err := fs.Mount(fs.Config{
 		Backing:      c.String("backing"),

@@ -6,7 +6,6 @@ import (
 	"fmt"
 	"io"
 	"strings"
-	"syscall"
 	"text/tabwriter"
 	"time"
 
@@ -20,13 +19,42 @@ func cmdStatus() *cli.Command {
 		Name:      "status",
 		Usage:     "per partition: segments local, shipped and remote, bytes on local disk and in the store, ship lag",
 		ArgsUsage: "MOUNTPOINT|BACKING_DIR",
+		Flags:     []cli.Flag{&cli.BoolFlag{Name: "json", Usage: "print JSON (one object per partition) instead of a table"}},
 		Action: func(c *cli.Context) error {
 			if c.NArg() != 1 {
 				return &exitError{code: 2, err: errors.New("status takes one argument: a tierfs mount point (or a backing directory)")}
 			}
-			return status(c.App.Writer, c.Args().First(), time.Now(), lastErrors(c.Args().First()))
+			root := c.Args().First()
+			if c.Bool("json") {
+				return statusJSON(c.App.Writer, root, lastErrors(root))
+			}
+			return status(c.App.Writer, root, time.Now(), lastErrors(root))
 		},
 	}
+}
+
+// partitionJSON is one partition in tierfs status --json.
+type partitionJSON struct {
+	tiering.PartitionSummary
+	LastError *tiering.PartitionError `json:"last_error,omitempty"`
+}
+
+func statusJSON(w io.Writer, root string, lastErr map[string]tiering.PartitionError) error {
+	sums, err := tiering.Summarize(root, segmentState)
+	if err != nil {
+		return err
+	}
+	out := make([]partitionJSON, 0, len(sums))
+	for _, s := range sums {
+		p := partitionJSON{PartitionSummary: s}
+		if e, ok := lastErr[s.Name]; ok {
+			p.LastError = &e
+		}
+		out = append(out, p)
+	}
+	enc := json.NewEncoder(w)
+	enc.SetIndent("", "  ")
+	return enc.Encode(out)
 }
 
 // segmentState reads a segment's state through a mount (user.tierfs.state)
@@ -50,49 +78,24 @@ func segmentState(path string) string {
 // status prints the table; lastErr holds the running mount's last error
 // per partition, if it answered.
 func status(w io.Writer, root string, now time.Time, lastErr map[string]tiering.PartitionError) error {
-	parts, err := tiering.Scan(root)
+	sums, err := tiering.Summarize(root, segmentState)
 	if err != nil {
 		return err
 	}
 	tw := tabwriter.NewWriter(w, 2, 8, 2, ' ', tabwriter.AlignRight)
 	fmt.Fprintln(tw, "PARTITION\tSEGMENTS\tLOCAL\tSHIPPED\tREMOTE\tON_DISK\tIN_STORE\tOLDEST_LOCAL\tSHIP_LAG\t  LAST_ERROR")
-	var tot [6]int64
-	for _, p := range parts {
-		var local, shipped, remote, onDisk, inStore int64
-		var oldestLocal, oldestUnshipped time.Time
-		for _, seg := range p.Segments {
-			var st syscall.Stat_t
-			if syscall.Stat(seg.Path, &st) != nil {
-				continue
-			}
-			onDisk += st.Blocks * 512
-			switch segmentState(seg.Path) {
-			case tiering.StateRemote:
-				remote++
-				inStore += seg.Size
-			case tiering.StateShipped:
-				shipped++
-				inStore += seg.Size
-				if oldestLocal.IsZero() {
-					oldestLocal = seg.Mtime
-				}
-			default:
-				local++
-				if oldestLocal.IsZero() {
-					oldestLocal = seg.Mtime
-				}
-				if seg.Next >= 0 && oldestUnshipped.IsZero() {
-					oldestUnshipped = seg.Mtime
-				}
-			}
-		}
-		fmt.Fprintf(tw, "%s\t%d\t%d\t%d\t%d\t%s\t%s\t%s\t%s\t  %s\n", p.Name, len(p.Segments), local, shipped, remote,
-			bytesHuman(onDisk), bytesHuman(inStore), age(now, oldestLocal), age(now, oldestUnshipped), errorCell(now, lastErr[p.Name]))
-		for i, v := range []int64{int64(len(p.Segments)), local, shipped, remote, onDisk, inStore} {
-			tot[i] += v
-		}
+	var tot tiering.PartitionSummary
+	for _, s := range sums {
+		fmt.Fprintf(tw, "%s\t%d\t%d\t%d\t%d\t%s\t%s\t%s\t%s\t  %s\n", s.Name, s.Segments, s.Local, s.Shipped, s.Remote,
+			bytesHuman(s.OnDisk), bytesHuman(s.InStore), age(now, s.OldestLocal), age(now, s.OldestUnshipped), errorCell(now, lastErr[s.Name]))
+		tot.Segments += s.Segments
+		tot.Local += s.Local
+		tot.Shipped += s.Shipped
+		tot.Remote += s.Remote
+		tot.OnDisk += s.OnDisk
+		tot.InStore += s.InStore
 	}
-	fmt.Fprintf(tw, "total\t%d\t%d\t%d\t%d\t%s\t%s\t\t\t\n", tot[0], tot[1], tot[2], tot[3], bytesHuman(tot[4]), bytesHuman(tot[5]))
+	fmt.Fprintf(tw, "total\t%d\t%d\t%d\t%d\t%s\t%s\t\t\t\n", tot.Segments, tot.Local, tot.Shipped, tot.Remote, bytesHuman(tot.OnDisk), bytesHuman(tot.InStore))
 	return tw.Flush()
 }
 

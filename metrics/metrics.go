@@ -1,0 +1,141 @@
+// Package metrics serves a mount's Prometheus metrics. Everything is read
+// at scrape time from the tierer and the chunk cache (their own counters
+// and a summary of the log directory's partitions): nothing here counts
+// by itself, and each mount has its own registry. Names follow Kafka's
+// tiered-storage metrics where they mean the same (RemoteCopyLagBytes is
+// tierfs_remote_copy_lag_bytes).
+package metrics
+
+import (
+	"context"
+	"errors"
+	"log/slog"
+	"net"
+	"net/http"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/collectors"
+	"github.com/prometheus/client_golang/prometheus/promhttp"
+
+	"github.com/tierfs/tierfs/chunkxfer"
+	"github.com/tierfs/tierfs/tiering"
+)
+
+// Tiering is what the metrics read from the tierer.
+type Tiering interface {
+	Summary() ([]tiering.PartitionSummary, error)
+	Counters() *tiering.Counters
+	LastErrors() map[string]tiering.PartitionError
+}
+
+// Registry builds the registry of one mount: the tierer's and the
+// cache's metrics (either may be nil: a mount without a remote), and the
+// Go runtime's and the process's.
+func Registry(t Tiering, cache *chunkxfer.Cache, log *slog.Logger) *prometheus.Registry {
+	reg := prometheus.NewRegistry()
+	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
+	if t != nil {
+		reg.MustRegister(&partitions{t: t, log: log})
+		c := t.Counters()
+		counter(reg, "tierfs_remote_copy_segments_total", "Segments shipped to the store and verified.", c.ShippedSegments.Load)
+		counter(reg, "tierfs_remote_copy_bytes_total", "Bytes of segments shipped to the store and verified.", c.ShippedBytes.Load)
+		counter(reg, "tierfs_evicted_segments_total", "Segments whose local bytes were freed.", c.EvictedSegments.Load)
+		counter(reg, "tierfs_evicted_bytes_total", "Local bytes freed by eviction.", c.FreedBytes.Load)
+		counter(reg, "tierfs_remote_delete_segments_total", "Remote copies deleted after the broker deleted their segment.", c.DeletedSegments.Load)
+		counter(reg, "tierfs_tiering_errors_total", "Failed tiering steps (ship, evict, delete); the last one of each partition is in tierfs_partition_last_error_timestamp_seconds and tierfs status.", c.Errors.Load)
+	}
+	if cache != nil {
+		s := cache.Stats()
+		counter(reg, "tierfs_remote_fetch_requests_total", "Chunks fetched from the store to serve reads (cache misses).", s.Misses.Load)
+		counter(reg, "tierfs_remote_fetch_bytes_total", "Verified bytes fetched from the store to serve reads.", s.FetchedBytes.Load)
+		counter(reg, "tierfs_remote_fetch_errors_total", "Chunk fetches that failed after retries (readers got EIO).", s.FetchErrors.Load)
+		counter(reg, "tierfs_cache_hits_total", "Chunks served from the chunk cache.", s.Hits.Load)
+		counter(reg, "tierfs_cache_misses_total", "Chunks not in the chunk cache.", s.Misses.Load)
+		reg.MustRegister(prometheus.NewGaugeFunc(prometheus.GaugeOpts{Name: "tierfs_cache_bytes", Help: "Chunk data held in the chunk cache."},
+			func() float64 { return float64(cache.UsedBytes()) }))
+	}
+	return reg
+}
+
+func counter(reg *prometheus.Registry, name, help string, load func() int64) {
+	reg.MustRegister(prometheus.NewCounterFunc(prometheus.CounterOpts{Name: name, Help: help}, func() float64 { return float64(load()) }))
+}
+
+var (
+	descSegments = prometheus.NewDesc("tierfs_segments", "Segments of a partition by tiering state (local, shipped: in the store and local, remote: in the store only).",
+		[]string{"partition", "state"}, nil)
+	descLagBytes = prometheus.NewDesc("tierfs_remote_copy_lag_bytes", "Bytes of rolled segments not shipped yet.",
+		[]string{"partition"}, nil)
+	descLagSegments = prometheus.NewDesc("tierfs_remote_copy_lag_segments", "Rolled segments not shipped yet.",
+		[]string{"partition"}, nil)
+	descRemoteSize = prometheus.NewDesc("tierfs_remote_log_size_bytes", "Bytes of the partition's segments that have a copy in the store.",
+		[]string{"partition"}, nil)
+	descLocalSize = prometheus.NewDesc("tierfs_local_log_size_bytes", "Bytes of the partition's segment files allocated on the local disk.",
+		[]string{"partition"}, nil)
+	descLastError = prometheus.NewDesc("tierfs_partition_last_error_timestamp_seconds", "When tiering last failed for the partition (its message: tierfs status).",
+		[]string{"partition"}, nil)
+	descScrapeError = prometheus.NewDesc("tierfs_partitions_scrape_error", "1 if the log directory could not be summarized for this scrape.", nil, nil)
+)
+
+// partitions reports each partition's segments at scrape time.
+type partitions struct {
+	t   Tiering
+	log *slog.Logger
+}
+
+func (p *partitions) Describe(ch chan<- *prometheus.Desc) {
+	for _, d := range []*prometheus.Desc{descSegments, descLagBytes, descLagSegments, descRemoteSize, descLocalSize, descLastError, descScrapeError} {
+		ch <- d
+	}
+}
+
+func (p *partitions) Collect(ch chan<- prometheus.Metric) {
+	sums, err := p.t.Summary()
+	failed := 0.0
+	if err != nil {
+		p.log.Warn("metrics: cannot summarize the log directory", "err", err)
+		failed = 1
+	}
+	ch <- prometheus.MustNewConstMetric(descScrapeError, prometheus.GaugeValue, failed)
+	gauge := func(d *prometheus.Desc, v float64, labels ...string) {
+		ch <- prometheus.MustNewConstMetric(d, prometheus.GaugeValue, v, labels...)
+	}
+	for _, s := range sums {
+		gauge(descSegments, float64(s.Local), s.Name, tiering.StateLocal)
+		gauge(descSegments, float64(s.Shipped), s.Name, tiering.StateShipped)
+		gauge(descSegments, float64(s.Remote), s.Name, tiering.StateRemote)
+		gauge(descLagBytes, float64(s.LagBytes), s.Name)
+		gauge(descLagSegments, float64(s.LagSegments), s.Name)
+		gauge(descRemoteSize, float64(s.InStore), s.Name)
+		gauge(descLocalSize, float64(s.OnDisk), s.Name)
+	}
+	for part, e := range p.t.LastErrors() {
+		gauge(descLastError, float64(e.Time.UnixNano())/1e9, part)
+	}
+}
+
+// Serve answers GET /metrics on addr until ctx ends. It returns once it
+// listens, so an address in use is an error at mount time.
+func Serve(ctx context.Context, addr string, reg *prometheus.Registry, log *slog.Logger) error {
+	l, err := net.Listen("tcp", addr)
+	if err != nil {
+		return err
+	}
+	mux := http.NewServeMux()
+	mux.Handle("/metrics", promhttp.HandlerFor(reg, promhttp.HandlerOpts{ErrorLog: slog.NewLogLogger(log.Handler(), slog.LevelWarn)}))
+	srv := &http.Server{Handler: mux, ReadHeaderTimeout: 10 * time.Second}
+	go func() {
+		<-ctx.Done()
+		shutdown, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+		defer cancel()
+		srv.Shutdown(shutdown)
+	}()
+	go func() {
+		if err := srv.Serve(l); err != nil && !errors.Is(err, http.ErrServerClosed) {
+			log.Error("metrics server stopped", "err", err)
+		}
+	}()
+	log.Info("serving metrics", "addr", l.Addr().String())
+	return nil
+}

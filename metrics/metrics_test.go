@@ -1,0 +1,129 @@
+package metrics
+
+import (
+	"context"
+	"fmt"
+	"io"
+	"log/slog"
+	"net"
+	"net/http"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/tierfs/tierfs/chunkxfer"
+	"github.com/tierfs/tierfs/chunkxfer/store"
+	"github.com/tierfs/tierfs/idx/kafka/kafkatest"
+	"github.com/tierfs/tierfs/tiering"
+)
+
+// TestMetricsOfATierer: a tierer ships and evicts a synthetic log dir; a
+// scrape then shows the partitions' segments by state, the lag, the sizes
+// and the counters, and reads of an evicted segment show up as fetches.
+func TestMetricsOfATierer(t *testing.T) {
+	root := filepath.Join(t.TempDir(), "kafka-logs")
+	bases, err := kafkatest.LogDir{Topic: "orders", Partitions: 2, Segments: 4, Batches: 12, Records: 8, ValueSize: 900, Unflushed: 1, Age: time.Hour}.Write(root)
+	if err != nil {
+		t.Fatal(err)
+	}
+	cache, err := chunkxfer.NewCache(64 << 20)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer cache.Close()
+	tr, err := tiering.New(tiering.Config{Root: root, StateDir: filepath.Join(root, ".tierfs"), Store: store.NewMem(nil),
+		Policy: tiering.Policy{ShipAfter: time.Minute}, LocalRetentionBytes: 1, ChunkSize: 64 << 10, Cache: cache})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer tr.Close()
+	if rep := tr.RunOnce(context.Background()); len(rep.Errors) > 0 || rep.Evicted != 4 {
+		t.Fatalf("pass: %+v", rep)
+	}
+	// Read an evicted segment back: two chunk fetches at least.
+	r, err := tr.OpenRemote(filepath.Join(root, "orders-0", name(bases["orders-0"][0])))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := io.ReadAll(io.NewSectionReader(r, 0, 1<<30)); err != nil {
+		t.Fatal(err)
+	}
+	r.Close()
+
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	addr := l.Addr().String()
+	l.Close()
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	log := slog.New(slog.DiscardHandler)
+	if err := Serve(ctx, addr, Registry(tr, cache, log), log); err != nil {
+		t.Fatal(err)
+	}
+	if err := Serve(ctx, addr, Registry(tr, cache, log), log); err == nil {
+		t.Fatal("a second server on a taken address")
+	}
+	resp, err := http.Get("http://" + addr + "/metrics")
+	if err != nil {
+		t.Fatal(err)
+	}
+	body, _ := io.ReadAll(resp.Body)
+	resp.Body.Close()
+	text := string(body)
+	for _, want := range []string{
+		`tierfs_segments{partition="orders-0",state="remote"} 2`,
+		`tierfs_segments{partition="orders-1",state="local"} 2`,
+		// The last rolled segment of each partition is not flushed: lag.
+		`tierfs_remote_copy_lag_segments{partition="orders-0"} 1`,
+		`tierfs_remote_copy_segments_total 4`,
+		`tierfs_evicted_segments_total 4`,
+		`tierfs_tiering_errors_total 0`,
+		`tierfs_remote_fetch_errors_total 0`,
+		`tierfs_partitions_scrape_error 0`,
+		`go_goroutines `,
+	} {
+		if !strings.Contains(text, want) {
+			t.Errorf("no %q in the scrape", want)
+		}
+	}
+	for _, positive := range []string{"tierfs_remote_copy_bytes_total", "tierfs_remote_fetch_bytes_total", "tierfs_remote_fetch_requests_total",
+		`tierfs_remote_log_size_bytes{partition="orders-0"}`, `tierfs_local_log_size_bytes{partition="orders-1"}`, `tierfs_remote_copy_lag_bytes{partition="orders-1"}`} {
+		if v := value(text, positive); v <= 0 {
+			t.Errorf("%s = %v, want > 0", positive, v)
+		}
+	}
+}
+
+// TestMetricsWithoutRemote: a mount without a remote has runtime metrics
+// only.
+func TestMetricsWithoutRemote(t *testing.T) {
+	reg := Registry(nil, nil, slog.New(slog.DiscardHandler))
+	mfs, err := reg.Gather()
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, mf := range mfs {
+		if strings.HasPrefix(mf.GetName(), "tierfs_") {
+			t.Errorf("%s without a remote", mf.GetName())
+		}
+	}
+}
+
+// value is the value of the sample named exactly name (with its labels),
+// or -1.
+func value(text, name string) float64 {
+	for _, line := range strings.Split(text, "\n") {
+		if rest, ok := strings.CutPrefix(line, name+" "); ok {
+			var v float64
+			if _, err := fmt.Sscan(rest, &v); err == nil {
+				return v
+			}
+		}
+	}
+	return -1
+}
+
+func name(base int64) string { return fmt.Sprintf("%020d.log", base) }

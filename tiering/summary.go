@@ -1,0 +1,83 @@
+package tiering
+
+import (
+	"syscall"
+	"time"
+)
+
+// PartitionSummary is where a partition's segments are: what tierfs
+// status prints and the metrics report.
+type PartitionSummary struct {
+	Name            string    `json:"partition"`
+	Segments        int       `json:"segments"`
+	Local           int       `json:"local"`             // segments only on the local disk
+	Shipped         int       `json:"shipped"`           // in the store, local bytes kept
+	Remote          int       `json:"remote"`            // in the store only
+	OnDisk          int64     `json:"on_disk_bytes"`     // bytes of .log files allocated on the local disk
+	InStore         int64     `json:"in_store_bytes"`    // bytes of .log files with a copy in the store
+	LagSegments     int       `json:"ship_lag_segments"` // rolled segments not shipped yet
+	LagBytes        int64     `json:"ship_lag_bytes"`    // and their bytes
+	OldestLocal     time.Time `json:"oldest_local,omitzero"`
+	OldestUnshipped time.Time `json:"oldest_unshipped,omitzero"` // the oldest rolled segment not shipped
+}
+
+// Summarize reads the partitions under root and where their segments
+// are; state gives a segment's state (it differs through a mount and on a
+// backing directory). It touches no store.
+func Summarize(root string, state func(path string) string) ([]PartitionSummary, error) {
+	parts, err := Scan(root)
+	if err != nil {
+		return nil, err
+	}
+	out := make([]PartitionSummary, 0, len(parts))
+	for _, p := range parts {
+		s := PartitionSummary{Name: p.Name, Segments: len(p.Segments)}
+		for _, seg := range p.Segments {
+			var st syscall.Stat_t
+			if syscall.Stat(seg.Path, &st) != nil {
+				continue // deleted since the scan
+			}
+			s.OnDisk += st.Blocks * 512
+			switch state(seg.Path) {
+			case StateRemote:
+				s.Remote++
+				s.InStore += seg.Size
+				continue
+			case StateShipped:
+				s.Shipped++
+				s.InStore += seg.Size
+			default:
+				s.Local++
+				if seg.Next >= 0 {
+					s.LagSegments++
+					s.LagBytes += seg.Size
+					if s.OldestUnshipped.IsZero() {
+						s.OldestUnshipped = seg.Mtime
+					}
+				}
+			}
+			if s.OldestLocal.IsZero() {
+				s.OldestLocal = seg.Mtime
+			}
+		}
+		out = append(out, s)
+	}
+	return out, nil
+}
+
+// Summary summarizes the tierer's log directory.
+func (t *Tierer) Summary() ([]PartitionSummary, error) {
+	if err := t.waitReady(); err != nil {
+		return nil, err
+	}
+	return Summarize(t.cfg.Root, func(path string) string {
+		rec, has, err := readRecord(path)
+		switch {
+		case err != nil:
+			return "unknown"
+		case !has:
+			return StateLocal
+		}
+		return rec.State
+	})
+}
