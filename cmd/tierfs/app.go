@@ -48,6 +48,7 @@ func Main(args []string) error {
 			cmdStatus(),
 			cmdShip(),
 			cmdEvict(),
+			cmdDoctor(),
 		},
 		HideHelpCommand: true,
 	}
