@@ -31,7 +31,9 @@ func exitCode(err error) int {
 }
 
 // Main runs the tierfs command line with args (args[0] is the program name).
-func Main(args []string) error {
+func Main(args []string) error { return newApp().Run(args) }
+
+func newApp() *cli.App {
 	app := &cli.App{
 		Name:    "tierfs",
 		Usage:   "a bottomless Kafka log directory: hot segments on local disk, cold ones in object storage",
@@ -39,6 +41,7 @@ func Main(args []string) error {
 		Flags: []cli.Flag{
 			&cli.StringFlag{Name: "log-level", Value: "info", Usage: "debug, info, warn or error", EnvVars: []string{"TIERFS_LOG_LEVEL"}},
 			&cli.StringFlag{Name: "log-format", Value: "text", Usage: "text or json", EnvVars: []string{"TIERFS_LOG_FORMAT"}},
+			configFlag(),
 		},
 		Commands: []*cli.Command{
 			cmdMount(),
@@ -52,7 +55,10 @@ func Main(args []string) error {
 		},
 		HideHelpCommand: true,
 	}
-	return app.Run(args)
+	for _, cmd := range app.Commands {
+		cmd.Before = applyConfig
+	}
+	return app
 }
 
 // newLogger builds the process logger from the global flags.

@@ -159,6 +159,11 @@ func runMount(c *cli.Context) error {
 	}
 	log.Info("mounted", "mountpoint", m.Config.Mountpoint, "backing", m.Config.Backing,
 		"in_place", m.Config.Mountpoint == m.Config.Backing, "local_files", m.Passthrough.String())
+	// Under systemd (Type=notify), units ordered after this one (the
+	// broker) start only now that the mount serves.
+	if err := sdNotify("READY=1\nSTATUS=serving " + m.Config.Mountpoint); err != nil {
+		log.Warn("cannot tell systemd the mount is ready", "err", err)
+	}
 
 	sigs := make(chan os.Signal, 2)
 	signal.Notify(sigs, syscall.SIGINT, syscall.SIGTERM)
@@ -171,6 +176,7 @@ func runMount(c *cli.Context) error {
 			return nil
 		case s := <-sigs:
 			log.Info("signal received, unmounting", "signal", s.String())
+			sdNotify("STOPPING=1")
 			if err := m.Unmount(false); err != nil {
 				log.Warn("mount busy, detaching lazily: it goes away when the last open file is closed", "err", err)
 				if err := m.Unmount(true); err != nil {
