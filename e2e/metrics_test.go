@@ -63,6 +63,18 @@ func TestMetricsAndStatusJSON(t *testing.T) {
 	if strings.Contains(text, "tierfs_remote_fetch_requests_total 0\n") {
 		t.Error("reading evicted segments fetched nothing")
 	}
+	// Every FUSE request is counted and timed; reads served from the
+	// store apart.
+	for _, want := range []string{
+		`tierfs_fuse_requests_total{op="lookup",result="ok"}`,
+		`tierfs_fuse_requests_total{op="read_remote",result="ok"}`,
+		`tierfs_fuse_request_duration_seconds_count{op="read_remote"}`,
+		`tierfs_fuse_request_duration_seconds_count{op="read"}`,
+	} {
+		if !strings.Contains(text, want+" ") || strings.Contains(text, want+" 0\n") {
+			t.Errorf("%s missing or 0:\n%s", want, grepLines(text, "tierfs_fuse_requests"))
+		}
+	}
 
 	out, code := tierfs(t, nil, "status", "--json", mnt)
 	if code != 0 {

@@ -3,6 +3,7 @@ package fs
 import (
 	"os"
 	"path/filepath"
+	"strings"
 	"testing"
 
 	"github.com/tierfs/tierfs/fs/posixtest"
@@ -17,15 +18,20 @@ func TestConformance(t *testing.T) {
 		passthrough bool
 		maxNodeFds  int
 		skip        map[string]string
+		observe     bool // every request goes through the Config.Ops wrapper
 	}{
-		{"passthrough", true, 0, nil},
-		{"fuse-io", false, 0, nil},
+		{"passthrough", true, 0, nil, false},
+		{"fuse-io", false, 0, nil, false},
 		// Two descriptors: almost every node is reached by file handle.
 		{"handles", true, 2, map[string]string{
 			"rename-over-open": "past the descriptor budget an open racing two rename-overs can get ESTALE (documented in README)",
-		}},
+		}, false},
+		{"observed", false, 0, nil, true},
 	} {
 		t.Run(variant.name, func(t *testing.T) {
+			if variant.observe {
+				t.Setenv(serveObserveEnv, "1")
+			}
 			srv := mountTestWith(t, "", variant.passthrough, variant.maxNodeFds)
 			mnt := srv.Mountpoint
 			if variant.passthrough && !srv.Passthrough {
@@ -47,8 +53,28 @@ func TestConformance(t *testing.T) {
 			if srv.PassthroughLost() {
 				t.Errorf("passthrough was lost during the run")
 			}
+			if variant.observe {
+				srv.Stop(t)
+				log := srv.Log()
+				for _, op := range []string{"lookup:", "create:", "open:", "read:", "writev:", "setattr:", "rename:", "unlink:", "readdirplus:", "fsync:", "getxattr:ENODATA:", "rename:ENOTEMPTY:"} {
+					if !strings.Contains(log, " "+op) && !strings.Contains(log, "["+op) {
+						t.Errorf("the observer saw no %s request: %s", strings.TrimSuffix(op, ":"), lastLine(log, "OBSERVED"))
+					}
+				}
+			}
 		})
 	}
+}
+
+// lastLine is the last line of log that contains s.
+func lastLine(log, s string) string {
+	lines := strings.Split(log, "\n")
+	for i := len(lines) - 1; i >= 0; i-- {
+		if strings.Contains(lines[i], s) {
+			return lines[i]
+		}
+	}
+	return "(no " + s + " line)"
 }
 
 func runCase(t *testing.T, c posixtest.Case, dir string) *posixtest.Transcript {

@@ -45,6 +45,11 @@ type Config struct {
 	// Debug logs every FUSE request.
 	Debug bool
 
+	// Ops, when set, is told of every FUSE request (op, duration,
+	// status) and of every read served from the store (op
+	// "read_remote"); it must be cheap and safe for concurrent use. Nil
+	// leaves the request path as it is.
+	Ops OpObserver
 	// Tiering, when set, serves tiered files (segments that may be
 	// shipped and evicted); nil serves a plain directory.
 	Tiering Tiering
@@ -115,7 +120,7 @@ func Mount(cfg Config) (*Mounted, error) {
 	if err := checkCanMount(cfg.Mountpoint); err != nil {
 		return nil, err
 	}
-	root, err := newRoot(rootConfig{backingDir: cfg.Backing, maxNodeFds: cfg.MaxNodeFds, log: cfg.Log, tiering: cfg.Tiering})
+	root, err := newRoot(rootConfig{backingDir: cfg.Backing, maxNodeFds: cfg.MaxNodeFds, log: cfg.Log, tiering: cfg.Tiering, ops: cfg.Ops})
 	if err != nil {
 		return nil, err
 	}
@@ -165,7 +170,10 @@ func (m *Mounted) start() error {
 	if cfg.Debug {
 		opts.Logger = log.New(os.Stderr, "go-fuse: ", 0)
 	}
-	raw := &passthroughWatch{RawFileSystem: gofs.NewNodeFS(m.root.rootNode, opts), root: m.root}
+	var raw fuse.RawFileSystem = &passthroughWatch{RawFileSystem: gofs.NewNodeFS(m.root.rootNode, opts), root: m.root}
+	if cfg.Ops != nil {
+		raw = &observed{RawFileSystem: raw, obs: cfg.Ops}
+	}
 	m.server, err = fuse.NewServer(raw, cfg.Mountpoint, &opts.MountOptions)
 	if err != nil {
 		return mountError(cfg.Mountpoint, err)
@@ -382,4 +390,9 @@ func raiseFileLimit(log *slog.Logger) uint64 {
 	unix.Getrlimit(unix.RLIMIT_NOFILE, &lim)
 	log.Debug("open file limit", "limit", lim.Cur)
 	return lim.Cur
+}
+
+// OpObserver is told of FUSE requests (see Config.Ops).
+type OpObserver interface {
+	ObserveOp(op string, d time.Duration, st fuse.Status)
 }

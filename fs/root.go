@@ -56,6 +56,9 @@ type Root struct {
 	// tiering, when set, serves the files it says are tiered (see
 	// Tiering); nil means a plain loopback.
 	tiering Tiering
+
+	// ops, when set, observes requests (see Config.Ops); nil: none.
+	ops OpObserver
 }
 
 // rootConfig is what newRoot needs.
@@ -64,6 +67,7 @@ type rootConfig struct {
 	maxNodeFds int
 	log        *slog.Logger
 	tiering    Tiering
+	ops        OpObserver
 }
 
 func newRoot(cfg rootConfig) (*Root, error) {
@@ -83,6 +87,7 @@ func newRoot(cfg rootConfig) (*Root, error) {
 		log:         cfg.log,
 		asRoot:      os.Geteuid() == 0,
 		tiering:     cfg.tiering,
+		ops:         cfg.ops,
 	}
 	if r.log == nil {
 		r.log = slog.New(slog.DiscardHandler)

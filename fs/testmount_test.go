@@ -16,6 +16,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/hanwen/go-fuse/v2/fuse"
 	"github.com/tierfs/tierfs/fs/posixtest"
 	"golang.org/x/sys/unix"
 )
@@ -26,7 +27,25 @@ const (
 	serveMountpointEnv  = "TIERFS_TEST_SERVE_MOUNTPOINT"
 	servePassthroughEnv = "TIERFS_TEST_SERVE_PASSTHROUGH"
 	serveMaxFdsEnv      = "TIERFS_TEST_SERVE_MAX_NODE_FDS"
+	// With it set, the server observes every request (Config.Ops) and
+	// prints the counts when it exits.
+	serveObserveEnv = "TIERFS_TEST_SERVE_OBSERVE"
 )
+
+// countingOps is an OpObserver that counts requests by op and result.
+type countingOps struct {
+	mu sync.Mutex
+	n  map[string]int
+}
+
+func (c *countingOps) ObserveOp(op string, d time.Duration, st fuse.Status) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if !st.Ok() {
+		op += ":" + unix.ErrnoName(syscall.Errno(st))
+	}
+	c.n[op]++
+}
 
 func TestMain(m *testing.M) {
 	posixtest.RunHelperIfAsked()
@@ -47,7 +66,13 @@ func TestMain(m *testing.M) {
 func serveForTest() int {
 	log := slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelDebug}))
 	maxFds, _ := strconv.Atoi(os.Getenv(serveMaxFdsEnv))
+	var ops OpObserver
+	counts := &countingOps{n: map[string]int{}}
+	if os.Getenv(serveObserveEnv) != "" {
+		ops = counts
+	}
 	m, err := Mount(Config{
+		Ops:          ops,
 		Backing:      os.Getenv(serveBackingEnv),
 		Mountpoint:   os.Getenv(serveMountpointEnv),
 		Passthrough:  os.Getenv(servePassthroughEnv) == "1",
@@ -70,6 +95,11 @@ func serveForTest() int {
 		}
 	}()
 	m.Wait()
+	if ops != nil {
+		counts.mu.Lock()
+		fmt.Fprintf(os.Stderr, "OBSERVED %v\n", counts.n)
+		counts.mu.Unlock()
+	}
 	return 0
 }
 

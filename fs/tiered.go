@@ -9,6 +9,7 @@ import (
 	"sync"
 	"sync/atomic"
 	"syscall"
+	"time"
 
 	gofs "github.com/hanwen/go-fuse/v2/fs"
 	"github.com/hanwen/go-fuse/v2/fuse"
@@ -123,6 +124,16 @@ func (tf *tieredFile) Read(ctx context.Context, dest []byte, off int64) (fuse.Re
 }
 
 func (tf *tieredFile) readRemote(dest []byte, off int64) (fuse.ReadResult, syscall.Errno) {
+	if obs := tf.node.root.ops; obs != nil {
+		t0 := time.Now()
+		res, errno := tf.readRemoteBytes(dest, off)
+		obs.ObserveOp("read_remote", time.Since(t0), fuse.Status(errno))
+		return res, errno
+	}
+	return tf.readRemoteBytes(dest, off)
+}
+
+func (tf *tieredFile) readRemoteBytes(dest []byte, off int64) (fuse.ReadResult, syscall.Errno) {
 	r, err := tf.remoteReader()
 	if err != nil {
 		tf.node.root.log.Error("cannot open remote file", "ino", tf.ino, "err", err)

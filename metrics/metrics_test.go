@@ -12,6 +12,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/hanwen/go-fuse/v2/fuse"
+
 	"github.com/tierfs/tierfs/chunkxfer"
 	"github.com/tierfs/tierfs/chunkxfer/store"
 	"github.com/tierfs/tierfs/idx/kafka/kafkatest"
@@ -127,3 +129,38 @@ func value(text, name string) float64 {
 }
 
 func name(base int64) string { return fmt.Sprintf("%020d.log", base) }
+
+func TestFUSEOps(t *testing.T) {
+	reg := Registry(nil, nil, slog.New(slog.DiscardHandler))
+	o := NewFUSEOps(reg)
+	o.ObserveOp("lookup", 20*time.Microsecond, fuse.OK)
+	o.ObserveOp("lookup", 30*time.Microsecond, fuse.ENOENT)
+	o.ObserveOp("lookup", 30*time.Microsecond, fuse.ENOENT)
+	o.ObserveOp("read_remote", 5*time.Millisecond, fuse.EIO)
+	mfs, err := reg.Gather()
+	if err != nil {
+		t.Fatal(err)
+	}
+	got := map[string]float64{}
+	for _, mf := range mfs {
+		for _, m := range mf.GetMetric() {
+			labels := ""
+			for _, l := range m.GetLabel() {
+				labels += l.GetName() + "=" + l.GetValue() + ","
+			}
+			switch mf.GetName() {
+			case "tierfs_fuse_requests_total":
+				got[labels] = m.GetCounter().GetValue()
+			case "tierfs_fuse_request_duration_seconds":
+				got["count:"+labels] = float64(m.GetHistogram().GetSampleCount())
+			}
+		}
+	}
+	want := map[string]float64{
+		"op=lookup,result=ok,": 1, "op=lookup,result=ENOENT,": 2, "op=read_remote,result=EIO,": 1,
+		"count:op=lookup,": 3, "count:op=read_remote,": 1,
+	}
+	if fmt.Sprint(got) != fmt.Sprint(want) {
+		t.Errorf("got %v\nwant %v", got, want)
+	}
+}

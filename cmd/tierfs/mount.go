@@ -116,14 +116,17 @@ func runMount(c *cli.Context) error {
 		tier = tierer
 	}
 	// Metrics listen before the mount, so a taken address fails early.
+	var ops fs.OpObserver // stays nil without metrics: requests unobserved
 	if addr := c.String("metrics-listen"); addr != "" {
 		var mt metrics.Tiering // stays nil without a remote
 		if tierer != nil {
 			mt = tierer
 		}
+		reg := metrics.Registry(mt, cache, log)
+		ops = metrics.NewFUSEOps(reg)
 		ctx, cancel := context.WithCancel(context.Background())
 		defer cancel()
-		if err := metrics.Serve(ctx, addr, metrics.Registry(mt, cache, log), log); err != nil {
+		if err := metrics.Serve(ctx, addr, reg, log); err != nil {
 			return fmt.Errorf("--metrics-listen: %w", err)
 		}
 	}
@@ -135,6 +138,7 @@ func runMount(c *cli.Context) error {
 		AttrTimeout:  c.Duration("attr-timeout"),
 		Debug:        c.Bool("debug-fuse"),
 		Tiering:      tier,
+		Ops:          ops,
 		ReadAhead:    readAhead,
 		Log:          log,
 	})
