@@ -4,7 +4,6 @@ import (
 	"encoding/json"
 	"fmt"
 	"io"
-	"net"
 	"net/http"
 	"path/filepath"
 	"strings"
@@ -24,12 +23,7 @@ func TestMetricsAndStatusJSON(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	l, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	addr := l.Addr().String()
-	l.Close()
+	addr := freeAddr(t)
 	m := startMount(t, nil, "--backing", backing, "--remote", "file://"+filepath.Join(dir, "remote"), "--ship-after", "1m",
 		"--local-retention-bytes", "1", "--tier-interval", "200ms", "--metrics-listen", addr, mnt)
 	// Segments 0-2 of each partition ship and are evicted; 3 is not

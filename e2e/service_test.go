@@ -19,12 +19,7 @@ import (
 func TestRunAsAService(t *testing.T) {
 	requireRoot(t)
 	dir, backing, mnt := mountDirs(t)
-	l, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	metricsAddr := l.Addr().String()
-	l.Close()
+	metricsAddr := freeAddr(t)
 	cfg := filepath.Join(dir, "tierfs.yaml")
 	os.WriteFile(cfg, []byte(fmt.Sprintf("backing: %s\nremote: file://%s\nship-after: 1h\nmetrics-listen: %s\n",
 		backing, filepath.Join(dir, "remote"), metricsAddr)), 0o644)
