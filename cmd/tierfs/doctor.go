@@ -28,11 +28,9 @@ func cmdDoctor() *cli.Command {
 			"frees punched holes and gives file handles, its free space, and with --remote the store: a test object is\n" +
 			"put, read back, checked and deleted, and the server's clock compared with this one. Exits 1 if a check fails.",
 		ArgsUsage: "LOG_DIR",
-		Flags: []cli.Flag{
+		Flags: append([]cli.Flag{
 			&cli.StringFlag{Name: "remote", Usage: "the store the mount will use (as tierfs mount --remote)", EnvVars: []string{"TIERFS_REMOTE"}},
-			&cli.StringFlag{Name: "s3-access-key", Usage: "S3 access key for --remote (default: the AWS chain)", EnvVars: []string{"TIERFS_S3_ACCESS_KEY"}},
-			&cli.StringFlag{Name: "s3-secret-key", Usage: "S3 secret key for --remote; prefer the environment", EnvVars: []string{"TIERFS_S3_SECRET_KEY"}},
-		},
+		}, s3KeyFlags()...),
 		Action: func(c *cli.Context) error {
 			if c.NArg() != 1 {
 				return &exitError{code: 2, err: errors.New("doctor takes one argument: the log directory to mount")}

@@ -27,7 +27,7 @@ func cmdMount() *cli.Command {
 		Name:      "mount",
 		Usage:     "mount a log directory (in place, or a separate backing directory) and serve it in the foreground",
 		ArgsUsage: "MOUNTPOINT",
-		Flags: []cli.Flag{
+		Flags: append([]cli.Flag{
 			&cli.StringFlag{Name: "backing", Usage: "serve this directory at MOUNTPOINT (default: MOUNTPOINT itself, mounted in place)", EnvVars: []string{"TIERFS_BACKING"}},
 			&cli.BoolFlag{Name: "passthrough", Value: true, Usage: "let the kernel read and write local files directly (FUSE passthrough, Linux 6.9+)", EnvVars: []string{"TIERFS_PASSTHROUGH"}},
 			&cli.DurationFlag{Name: "entry-timeout", Value: time.Second, Usage: "how long the kernel caches names", EnvVars: []string{"TIERFS_ENTRY_TIMEOUT"}},
@@ -35,8 +35,6 @@ func cmdMount() *cli.Command {
 			&cli.StringFlag{Name: "read-ahead", Value: "1MiB", Usage: "kernel readahead for files read through FUSE (tiered segments), up to 64MiB; -1 keeps the kernel's 128 KiB", EnvVars: []string{"TIERFS_READ_AHEAD"}},
 			&cli.BoolFlag{Name: "debug-fuse", Usage: "log every FUSE request"},
 			&cli.StringFlag{Name: "remote", Usage: "ship cold segments to this store (file:///path or s3://bucket/prefix?endpoint=...); without it tierfs is a plain directory", EnvVars: []string{"TIERFS_REMOTE"}},
-			&cli.StringFlag{Name: "s3-access-key", Usage: "S3 access key for --remote (default: the AWS chain)", EnvVars: []string{"TIERFS_S3_ACCESS_KEY"}},
-			&cli.StringFlag{Name: "s3-secret-key", Usage: "S3 secret key for --remote; prefer the environment", EnvVars: []string{"TIERFS_S3_SECRET_KEY"}},
 			&cli.DurationFlag{Name: "ship-after", Value: 10 * time.Minute, Usage: "ship a rolled, flushed, committed segment once it is this old", EnvVars: []string{"TIERFS_SHIP_AFTER"}},
 			&cli.DurationFlag{Name: "local-retention-age", Usage: "free the local bytes of shipped segments older than this (0: no age limit)", EnvVars: []string{"TIERFS_LOCAL_RETENTION_AGE"}},
 			&cli.Int64Flag{Name: "local-retention-bytes", Usage: "keep at most this many bytes of segments local per partition, freeing the oldest shipped first (0: no limit)", EnvVars: []string{"TIERFS_LOCAL_RETENTION_BYTES"}},
@@ -46,7 +44,7 @@ func cmdMount() *cli.Command {
 			&cli.DurationFlag{Name: "tier-interval", Value: 30 * time.Second, Usage: "how often the tierer looks for work", EnvVars: []string{"TIERFS_TIER_INTERVAL"}},
 			&cli.Int64Flag{Name: "cache-bytes", Value: 256 << 20, Usage: "memory for chunks of remote files", EnvVars: []string{"TIERFS_CACHE_BYTES"}},
 			&cli.StringFlag{Name: "metrics-listen", Usage: "serve Prometheus metrics at http://ADDR/metrics, e.g. 127.0.0.1:9464 (default: none)", EnvVars: []string{"TIERFS_METRICS_LISTEN"}},
-		},
+		}, s3KeyFlags()...),
 		Action: runMount,
 	}
 }

@@ -17,8 +17,15 @@ import (
 
 // storeFlags select a store; shared by every command that talks to one.
 func storeFlags() []cli.Flag {
-	return []cli.Flag{
+	return append([]cli.Flag{
 		&cli.StringFlag{Name: "store", Usage: "file:///path, or s3://bucket/prefix?endpoint=URL&region=R&path-style=true", EnvVars: []string{"TIERFS_STORE"}, Required: true},
+	}, s3KeyFlags()...)
+}
+
+// s3KeyFlags are the credentials of an S3 store, for every command that
+// opens one (openStore reads them).
+func s3KeyFlags() []cli.Flag {
+	return []cli.Flag{
 		&cli.StringFlag{Name: "s3-access-key", Usage: "S3 access key (default: the AWS chain: AWS_ACCESS_KEY_ID, shared files, instance role)", EnvVars: []string{"TIERFS_S3_ACCESS_KEY"}},
 		&cli.StringFlag{Name: "s3-secret-key", Usage: "S3 secret key; prefer the environment to the command line, which others can see", EnvVars: []string{"TIERFS_S3_SECRET_KEY"}},
 	}
