@@ -51,20 +51,27 @@ func (f *fakeMount) Do(ctx context.Context, op, rel string, progress func(done, 
 
 func (f *fakeMount) Status() any { return map[string]string{"orders-0": "injected outage"} }
 
-func TestCallAndServe(t *testing.T) {
-	mp := filepath.Join(t.TempDir(), "mnt")
-	h := &fakeMount{blocked: make(chan struct{})}
-	srv, err := Listen(mp, h, slog.New(slog.DiscardHandler))
+// serveFake serves a fakeMount at a new mount point until the test ends.
+func serveFake(t *testing.T) (mountpoint string, h *fakeMount) {
+	t.Helper()
+	mountpoint = filepath.Join(t.TempDir(), "mnt")
+	h = &fakeMount{blocked: make(chan struct{})}
+	srv, err := Listen(mountpoint, h, slog.New(slog.DiscardHandler))
 	if err != nil {
 		t.Fatal(err)
 	}
-	defer srv.Close()
+	t.Cleanup(func() { srv.Close() })
+	return mountpoint, h
+}
+
+func TestCallAndServe(t *testing.T) {
+	mp, h := serveFake(t)
 	if _, err := Listen(mp, h, slog.New(slog.DiscardHandler)); err == nil {
 		t.Fatal("a second server for the same mount point")
 	}
 	ctx := context.Background()
 	var got []string
-	err = Call(ctx, mp, Request{Op: "evict", Paths: []string{"orders-0/0.log", "orders-0/bad.log"}}, func(e Event) {
+	err := Call(ctx, mp, Request{Op: "evict", Paths: []string{"orders-0/0.log", "orders-0/bad.log"}}, func(e Event) {
 		switch {
 		case e.State != "" || e.Error != "":
 			got = append(got, fmt.Sprintf("%s=%s%s", e.Path, e.State, e.Error))
@@ -156,13 +163,7 @@ func TestOtherUsersAreRefused(t *testing.T) {
 	if os.Getuid() != 0 {
 		t.Skip("needs root to run a helper as another user")
 	}
-	mp := filepath.Join(t.TempDir(), "mnt")
-	h := &fakeMount{blocked: make(chan struct{})}
-	srv, err := Listen(mp, h, slog.New(slog.DiscardHandler))
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer srv.Close()
+	mp, h := serveFake(t)
 	// A copy of the test binary that nobody can run.
 	dir, err := os.MkdirTemp("", "tierfs-control")
 	if err != nil {
@@ -194,15 +195,9 @@ func TestOtherUsersAreRefused(t *testing.T) {
 }
 
 func TestOversizeRequestIsRefused(t *testing.T) {
-	mp := filepath.Join(t.TempDir(), "mnt")
-	h := &fakeMount{blocked: make(chan struct{})}
-	srv, err := Listen(mp, h, slog.New(slog.DiscardHandler))
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer srv.Close()
+	mp, h := serveFake(t)
 	paths := []string{strings.Repeat("p", maxRequest)}
-	err = Call(context.Background(), mp, Request{Op: "ship", Paths: paths}, func(Event) {})
+	err := Call(context.Background(), mp, Request{Op: "ship", Paths: paths}, func(Event) {})
 	if err == nil || !strings.Contains(err.Error(), "request longer than") {
 		t.Fatalf("oversize request: %v", err)
 	}
