@@ -71,13 +71,10 @@ func (t *Tierer) Summary() ([]PartitionSummary, error) {
 		return nil, err
 	}
 	return Summarize(t.cfg.Root, func(path string) string {
-		rec, has, err := readRecord(path)
-		switch {
-		case err != nil:
+		st, _, err := t.State(path)
+		if err != nil {
 			return "unknown"
-		case !has:
-			return StateLocal
 		}
-		return rec.State
+		return st
 	})
 }
