@@ -26,8 +26,10 @@ import (
 
 // Request asks the mount to act on paths relative to the mount point.
 type Request struct {
-	Op    string   `json:"op"` // ship, evict or status
+	Op    string   `json:"op"` // ship, evict, status, or one the Handler's Call knows
 	Paths []string `json:"paths,omitempty"`
+	// Args are the arguments of an op answered by Handler.Call.
+	Args json.RawMessage `json:"args,omitempty"`
 }
 
 // Event is one line of a reply: progress of a path, its end (state or
@@ -48,6 +50,9 @@ type Handler interface {
 	Do(ctx context.Context, op, rel string, progress func(done, total int64)) (state string, err error)
 	// Status is the mount's status, as JSON.
 	Status() any
+	// Call answers any other op; its result is sent as the reply's
+	// Status.
+	Call(ctx context.Context, op string, args json.RawMessage) (any, error)
 }
 
 // Address is the socket name of the mount at mountpoint.
@@ -188,7 +193,17 @@ func (s *Server) serve(c *net.UnixConn) error {
 		}
 		emit(Event{End: true})
 	default:
-		emit(Event{Error: fmt.Sprintf("unknown op %q", req.Op), End: true})
+		res, err := s.h.Call(ctx, req.Op, req.Args)
+		if err != nil {
+			emit(Event{Error: err.Error(), End: true})
+			return nil
+		}
+		b, err := json.Marshal(res)
+		if err != nil {
+			emit(Event{Error: err.Error(), End: true})
+			return nil
+		}
+		emit(Event{Status: b, End: true})
 	}
 	return nil
 }

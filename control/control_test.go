@@ -51,6 +51,16 @@ func (f *fakeMount) Do(ctx context.Context, op, rel string, progress func(done, 
 
 func (f *fakeMount) Status() any { return map[string]string{"orders-0": "injected outage"} }
 
+// Call echoes "echo" args back and knows no other op.
+func (f *fakeMount) Call(ctx context.Context, op string, args json.RawMessage) (any, error) {
+	if op == "echo" {
+		var v any
+		err := json.Unmarshal(args, &v)
+		return v, err
+	}
+	return nil, fmt.Errorf("unknown op %q", op)
+}
+
 // serveFake serves a fakeMount at a new mount point until the test ends.
 func serveFake(t *testing.T) (mountpoint string, h *fakeMount) {
 	t.Helper()
@@ -88,6 +98,10 @@ func TestCallAndServe(t *testing.T) {
 	var st map[string]string
 	if err := Call(ctx, mp, Request{Op: "status"}, func(e Event) { json.Unmarshal(e.Status, &st) }); err != nil || st["orders-0"] != "injected outage" {
 		t.Fatalf("status %v %v", st, err)
+	}
+	var echoed map[string]int
+	if err := Call(ctx, mp, Request{Op: "echo", Args: json.RawMessage(`{"from":7}`)}, func(e Event) { json.Unmarshal(e.Status, &echoed) }); err != nil || echoed["from"] != 7 {
+		t.Fatalf("echo %v %v", echoed, err)
 	}
 	if err := Call(ctx, mp, Request{Op: "format"}, func(Event) {}); err == nil || !strings.Contains(err.Error(), "unknown op") {
 		t.Fatalf("unknown op: %v", err)

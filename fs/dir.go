@@ -2,6 +2,7 @@ package fs
 
 import (
 	"context"
+	"errors"
 	"syscall"
 
 	gofs "github.com/hanwen/go-fuse/v2/fs"
@@ -56,7 +57,8 @@ func (n *node) created(ctx context.Context, dfd int, name string, out *fuse.Entr
 
 // makeEntry creates the entry name with mk (given this directory's
 // descriptor) and returns its node; removeFlags undo it if that fails.
-func (n *node) makeEntry(ctx context.Context, name string, out *fuse.EntryOut, removeFlags int, mk func(dfd int) error) (*gofs.Inode, syscall.Errno) {
+// kind and target are for change management.
+func (n *node) makeEntry(ctx context.Context, name string, out *fuse.EntryOut, removeFlags int, kind, target string, mk func(dfd int) error) (*gofs.Inode, syscall.Errno) {
 	if n.hides(name) {
 		return nil, syscall.EEXIST
 	}
@@ -65,22 +67,31 @@ func (n *node) makeEntry(ctx context.Context, name string, out *fuse.EntryOut, r
 		return nil, toErrno(err)
 	}
 	defer unpin()
+	ch, leave, err := n.changes()
+	if err != nil {
+		return nil, toErrno(err)
+	}
+	defer leave()
 	if err := mk(dfd); err != nil {
 		return nil, toErrno(err)
 	}
-	return n.created(ctx, dfd, name, out, removeFlags)
+	ino, errno := n.created(ctx, dfd, name, out, removeFlags)
+	if errno == 0 && ch != nil {
+		ch.Created(n.childRel(name), kind, target)
+	}
+	return ino, errno
 }
 
 func (n *node) Mkdir(ctx context.Context, name string, mode uint32, out *fuse.EntryOut) (*gofs.Inode, syscall.Errno) {
-	return n.makeEntry(ctx, name, out, unix.AT_REMOVEDIR, func(dfd int) error { return unix.Mkdirat(dfd, name, mode) })
+	return n.makeEntry(ctx, name, out, unix.AT_REMOVEDIR, "dir", "", func(dfd int) error { return unix.Mkdirat(dfd, name, mode) })
 }
 
 func (n *node) Mknod(ctx context.Context, name string, mode, rdev uint32, out *fuse.EntryOut) (*gofs.Inode, syscall.Errno) {
-	return n.makeEntry(ctx, name, out, 0, func(dfd int) error { return unix.Mknodat(dfd, name, mode, int(rdev)) })
+	return n.makeEntry(ctx, name, out, 0, "other", "", func(dfd int) error { return unix.Mknodat(dfd, name, mode, int(rdev)) })
 }
 
 func (n *node) Symlink(ctx context.Context, target, name string, out *fuse.EntryOut) (*gofs.Inode, syscall.Errno) {
-	return n.makeEntry(ctx, name, out, 0, func(dfd int) error { return unix.Symlinkat(target, dfd, name) })
+	return n.makeEntry(ctx, name, out, 0, "symlink", target, func(dfd int) error { return unix.Symlinkat(target, dfd, name) })
 }
 
 func (n *node) Link(ctx context.Context, target gofs.InodeEmbedder, name string, out *fuse.EntryOut) (*gofs.Inode, syscall.Errno) {
@@ -104,8 +115,18 @@ func (n *node) Link(ctx context.Context, target gofs.InodeEmbedder, name string,
 		return nil, toErrno(err)
 	}
 	defer unpinSrc()
+	changes, leave, err := n.changes()
+	if err != nil {
+		return nil, toErrno(err)
+	}
+	defer leave()
 	if err := unix.Linkat(sfd, "", dfd, name, unix.AT_EMPTY_PATH); err != nil {
 		return nil, toErrno(err)
+	}
+	if changes != nil {
+		// A new name with the bytes of an existing file: to a replica,
+		// a new file (its content follows from the later write events).
+		changes.Created(n.childRel(name), "file", "")
 	}
 	ch, err := n.lookupAt(ctx, dfd, name, out)
 	return ch, toErrno(err)
@@ -120,11 +141,22 @@ func (n *node) Create(ctx context.Context, name string, flags uint32, mode uint3
 		return nil, nil, 0, toErrno(err)
 	}
 	defer unpin()
-	fd, err := unix.Openat(dfd, name, openFlags(flags)|unix.O_CREAT, mode)
+	rel := n.childRel(name)
+	changes, leave, err := n.changes()
 	if err != nil {
 		return nil, nil, 0, toErrno(err)
 	}
-	n.chownToCaller(ctx, dfd, name)
+	defer leave()
+	fd, created, err := createAt(changes, dfd, name, rel, flags, mode)
+	if err != nil {
+		return nil, nil, 0, toErrno(err)
+	}
+	if created {
+		n.chownToCaller(ctx, dfd, name)
+		if changes != nil {
+			changes.Created(rel, "file", "")
+		}
+	}
 	// The node's descriptor comes from the open file, not from the name,
 	// which another process could already have replaced.
 	pfd, err := unix.Open(procFd(fd), unix.O_PATH|unix.O_CLOEXEC, 0)
@@ -138,13 +170,38 @@ func (n *node) Create(ctx context.Context, name string, flags uint32, mode uint3
 		return nil, nil, 0, toErrno(err)
 	}
 	// The child is linked into the tree only after Create returns, so
-	// its own Path would name an orphan: the path is the parent's.
-	rel := name
-	if !n.IsRoot() {
-		rel = n.Path(n.Root()) + "/" + name
-	}
-	fh, fl := ch.Operations().(*node).wrapTiered(newLocalFile(ch.Operations().(*node), fd), rel)
+	// its own Path would name an orphan: rel is from the parent's.
+	child := ch.Operations().(*node)
+	lf := newLocalFile(child, fd)
+	lf.cm = child.newSession(fd, flags, rel)
+	fh, fl := child.wrapTiered(lf, rel)
 	return ch, fh, fl, 0
+}
+
+// createAt opens the entry name of dfd for a CREATE and says whether it
+// made it. With change management an existing file's truncation (O_TRUNC)
+// retains its original first, so the open cannot make and cut in one call.
+func createAt(ch Changes, dfd int, name, rel string, flags, mode uint32) (int, bool, error) {
+	if ch == nil {
+		fd, err := unix.Openat(dfd, name, openFlags(flags)|unix.O_CREAT, mode)
+		return fd, true, err
+	}
+	oflags := openFlags(flags) &^ unix.O_TRUNC
+	fd, err := unix.Openat(dfd, name, oflags|unix.O_CREAT|unix.O_EXCL, mode)
+	if err == nil || !errors.Is(err, unix.EEXIST) || flags&unix.O_EXCL != 0 {
+		return fd, err == nil, err
+	}
+	// It exists (the kernel's lookup raced a creation): open it.
+	if fd, err = unix.Openat(dfd, name, oflags, 0); err != nil {
+		return -1, false, err
+	}
+	if flags&unix.O_TRUNC != 0 {
+		if err := truncateWith(ch, fd, rel, 0, func() error { return unix.Ftruncate(fd, 0) }); err != nil {
+			unix.Close(fd)
+			return -1, false, err
+		}
+	}
+	return fd, false, nil
 }
 
 func (n *node) Unlink(ctx context.Context, name string) syscall.Errno {
@@ -156,6 +213,14 @@ func (n *node) Unlink(ctx context.Context, name string) syscall.Errno {
 		return toErrno(err)
 	}
 	defer unpin()
+	ch, leave, err := n.changes()
+	if err != nil {
+		return toErrno(err)
+	}
+	defer leave()
+	if ch != nil {
+		return toErrno(ch.Unlink(dfd, name, n.childRel(name)))
+	}
 	return toErrno(unix.Unlinkat(dfd, name, 0))
 }
 
@@ -168,6 +233,14 @@ func (n *node) Rmdir(ctx context.Context, name string) syscall.Errno {
 		return toErrno(err)
 	}
 	defer unpin()
+	ch, leave, err := n.changes()
+	if err != nil {
+		return toErrno(err)
+	}
+	defer leave()
+	if ch != nil {
+		return toErrno(ch.Rmdir(dfd, name, n.childRel(name)))
+	}
 	return toErrno(unix.Unlinkat(dfd, name, unix.AT_REMOVEDIR))
 }
 
@@ -189,6 +262,14 @@ func (n *node) Rename(ctx context.Context, name string, newParent gofs.InodeEmbe
 		return toErrno(err)
 	}
 	defer unpinDst()
+	ch, leave, err := n.changes()
+	if err != nil {
+		return toErrno(err)
+	}
+	defer leave()
+	if ch != nil {
+		return toErrno(ch.Rename(dfd, name, n.childRel(name), tfd, newName, dst.childRel(newName), flags))
+	}
 	return toErrno(unix.Renameat2(dfd, name, tfd, newName, uint(flags)))
 }
 

@@ -36,11 +36,25 @@ func (n *node) openSelf(flags int) (int, error) {
 }
 
 func (n *node) Open(ctx context.Context, flags uint32) (gofs.FileHandle, uint32, syscall.Errno) {
-	fd, err := n.openSelf(openFlags(flags))
+	oflags := openFlags(flags)
+	if n.root.changes != nil {
+		oflags &^= syscall.O_TRUNC // done after the original is retained
+	}
+	fd, err := n.openSelf(oflags)
 	if err != nil {
 		return nil, 0, toErrno(err)
 	}
-	fh, fl := n.wrapTiered(newLocalFile(n, fd), n.Path(n.Root()))
+	rel := n.Path(n.Root())
+	if flags&syscall.O_TRUNC != 0 && n.root.changes != nil {
+		// The original is retained before the open cuts it.
+		if err := n.truncateTracked(fd, rel, 0, func() error { return unix.Ftruncate(fd, 0) }); err != nil {
+			unix.Close(fd)
+			return nil, 0, toErrno(err)
+		}
+	}
+	lf := newLocalFile(n, fd)
+	lf.cm = n.newSession(fd, flags, rel)
+	fh, fl := n.wrapTiered(lf, rel)
 	return fh, fl, 0
 }
 
@@ -66,18 +80,56 @@ type localFile struct {
 	// unhold, when set, ends this handle's hold on its inode against
 	// eviction (see wrapTiered).
 	unhold func()
+	// cm, when set, tracks this open for change management.
+	cm *cmSession
 }
 
 var (
 	_ = (gofs.FilePassthroughFder)((*localFile)(nil))
 	_ = (gofs.FileReleaser)((*localFile)(nil))
+	_ = (gofs.FileWriter)((*localFile)(nil))
+	_ = (gofs.FileAllocater)((*localFile)(nil))
+	_ = (gofs.FileFlusher)((*localFile)(nil))
+	_ = (gofs.FileFsyncer)((*localFile)(nil))
 )
 
 func (lf *localFile) Release(ctx context.Context) syscall.Errno {
+	lf.cm.noteWritten(int(lf.f.Fd()))
 	if lf.unhold != nil {
 		lf.unhold()
 	}
 	return lf.LoopbackFile.Release(ctx)
+}
+
+func (lf *localFile) Write(ctx context.Context, data []byte, off int64) (uint32, syscall.Errno) {
+	if err := lf.cm.beforeWrite(int(lf.f.Fd()), off); err != nil {
+		return 0, toErrno(err)
+	}
+	return lf.LoopbackFile.Write(ctx, data, off)
+}
+
+// Allocate: punching or zeroing a range changes bytes like a write.
+func (lf *localFile) Allocate(ctx context.Context, off uint64, size uint64, mode uint32) syscall.Errno {
+	if mode&^unix.FALLOC_FL_KEEP_SIZE != 0 {
+		if err := lf.cm.beforeWrite(int(lf.f.Fd()), int64(off)); err != nil {
+			return toErrno(err)
+		}
+	}
+	return lf.LoopbackFile.Allocate(ctx, off, size, mode)
+}
+
+// Flush (each close) and Fsync record what was written since the last
+// event, so the event log follows the file even while it stays open.
+func (lf *localFile) Flush(ctx context.Context) syscall.Errno {
+	errno := lf.LoopbackFile.Flush(ctx)
+	lf.cm.noteWritten(int(lf.f.Fd()))
+	return errno
+}
+
+func (lf *localFile) Fsync(ctx context.Context, flags uint32) syscall.Errno {
+	errno := lf.LoopbackFile.Fsync(ctx, flags)
+	lf.cm.noteWritten(int(lf.f.Fd()))
+	return errno
 }
 
 func newLocalFile(n *node, fd int) *localFile {
@@ -88,7 +140,7 @@ func newLocalFile(n *node, fd int) *localFile {
 // PassthroughFd offers the backing descriptor to the kernel, when
 // passthrough is on for this mount.
 func (lf *localFile) PassthroughFd() (int, bool) {
-	if !lf.node.root.passthrough.Load() {
+	if !lf.node.root.passthrough.Load() || lf.cm.needsWrites() {
 		return 0, false
 	}
 	return lf.LoopbackFile.PassthroughFd()

@@ -50,6 +50,9 @@ type Config struct {
 	// "read_remote"); it must be cheap and safe for concurrent use. Nil
 	// leaves the request path as it is.
 	Ops OpObserver
+	// Changes, when set, is change management: the originals of files
+	// deleted, replaced, truncated or overwritten are retained first.
+	Changes Changes
 	// Tiering, when set, serves tiered files (segments that may be
 	// shipped and evicted); nil serves a plain directory.
 	Tiering Tiering
@@ -120,7 +123,7 @@ func Mount(cfg Config) (*Mounted, error) {
 	if err := checkCanMount(cfg.Mountpoint); err != nil {
 		return nil, err
 	}
-	root, err := newRoot(rootConfig{backingDir: cfg.Backing, maxNodeFds: cfg.MaxNodeFds, log: cfg.Log, tiering: cfg.Tiering, ops: cfg.Ops})
+	root, err := newRoot(rootConfig{backingDir: cfg.Backing, maxNodeFds: cfg.MaxNodeFds, log: cfg.Log, tiering: cfg.Tiering, ops: cfg.Ops, changes: cfg.Changes})
 	if err != nil {
 		return nil, err
 	}

@@ -209,6 +209,29 @@ func (n *node) Getattr(ctx context.Context, f gofs.FileHandle, out *fuse.AttrOut
 }
 
 func (n *node) Setattr(ctx context.Context, f gofs.FileHandle, in *fuse.SetAttrIn, out *fuse.AttrOut) syscall.Errno {
+	sz, ok := in.GetSize()
+	if !ok || n.root.changes == nil {
+		return n.setattr(ctx, f, in, out)
+	}
+	fd, unpin, err := n.pin()
+	if err != nil {
+		return toErrno(err)
+	}
+	defer unpin()
+	if err := n.checkNotRemote(fd); err != nil {
+		return toErrno(err)
+	}
+	var errno syscall.Errno
+	err = n.truncateTracked(fd, n.Path(n.Root()), int64(sz), func() error {
+		if errno = n.setattr(ctx, f, in, out); errno != 0 {
+			return errno
+		}
+		return nil
+	})
+	return toErrno(err)
+}
+
+func (n *node) setattr(ctx context.Context, f gofs.FileHandle, in *fuse.SetAttrIn, out *fuse.AttrOut) syscall.Errno {
 	if fsa, ok := f.(gofs.FileSetattrer); ok {
 		return fsa.Setattr(ctx, in, out)
 	}

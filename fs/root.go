@@ -59,6 +59,9 @@ type Root struct {
 
 	// ops, when set, observes requests (see Config.Ops); nil: none.
 	ops OpObserver
+
+	// changes, when set, retains what changes lose (see Changes).
+	changes Changes
 }
 
 // rootConfig is what newRoot needs.
@@ -68,6 +71,7 @@ type rootConfig struct {
 	log        *slog.Logger
 	tiering    Tiering
 	ops        OpObserver
+	changes    Changes
 }
 
 func newRoot(cfg rootConfig) (*Root, error) {
@@ -88,6 +92,7 @@ func newRoot(cfg rootConfig) (*Root, error) {
 		asRoot:      os.Geteuid() == 0,
 		tiering:     cfg.tiering,
 		ops:         cfg.ops,
+		changes:     cfg.changes,
 	}
 	if r.log == nil {
 		r.log = slog.New(slog.DiscardHandler)

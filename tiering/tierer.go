@@ -55,8 +55,13 @@ type Config struct {
 	ChunkSize                int64 // transfer chunk size (default chunkxfer's)
 	Gate                     *Gate // shared with the file system (nil: a private one)
 	Cache                    *chunkxfer.Cache
-	Log                      *slog.Logger
-	Now                      func() time.Time
+	// BeforeFree, when set, is called with a segment's path before its
+	// local bytes are freed (change management caches its checksum
+	// then, so retaining it later needs no download); an error keeps
+	// the bytes.
+	BeforeFree func(path string) error
+	Log        *slog.Logger
+	Now        func() time.Time
 }
 
 // Tierer ships and evicts the segments of one log directory.
@@ -725,6 +730,11 @@ func (t *Tierer) Evict(path string) error {
 			unix.Removexattr(path, recordXattr)
 		}
 		return fmt.Errorf("remote copy %s is not the one shipped (%v), not freeing local bytes", rec.Key, err)
+	}
+	if t.cfg.BeforeFree != nil {
+		if err := t.cfg.BeforeFree(path); err != nil {
+			return fmt.Errorf("%s: not freeing local bytes: %w", path, err)
+		}
 	}
 	// Under the gate no read or write of the file is under way, so the
 	// identity checked here is what gets freed.

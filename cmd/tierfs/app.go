@@ -52,6 +52,8 @@ func newApp() *cli.App {
 			cmdShip(),
 			cmdEvict(),
 			cmdDoctor(),
+			cmdCM(),
+			cmdRepl(),
 		},
 		HideHelpCommand: true,
 	}

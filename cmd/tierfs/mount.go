@@ -44,7 +44,7 @@ func cmdMount() *cli.Command {
 			&cli.DurationFlag{Name: "tier-interval", Value: 30 * time.Second, Usage: "how often the tierer looks for work", EnvVars: []string{"TIERFS_TIER_INTERVAL"}},
 			&cli.Int64Flag{Name: "cache-bytes", Value: 256 << 20, Usage: "memory for chunks of remote files", EnvVars: []string{"TIERFS_CACHE_BYTES"}},
 			&cli.StringFlag{Name: "metrics-listen", Usage: "serve Prometheus metrics at http://ADDR/metrics, e.g. 127.0.0.1:9464 (default: none)", EnvVars: []string{"TIERFS_METRICS_LISTEN"}},
-		}, s3KeyFlags()...),
+		}, append(cmFlags(), s3KeyFlags()...)...),
 		Action: runMount,
 	}
 }
@@ -81,6 +81,11 @@ func runMount(c *cli.Context) error {
 			readAhead = -1
 		}
 	}
+	remote := &remoteFiles{}
+	changes, err := newChanges(c, remote)
+	if err != nil {
+		return err
+	}
 	var tierer *tiering.Tierer
 	var tier fs.Tiering
 	var shipRate int64
@@ -105,6 +110,7 @@ func runMount(c *cli.Context) error {
 			Concurrency:              c.Int("ship-concurrency"),
 			ShipRate:                 shipRate,
 			Cache:                    cache,
+			BeforeFree:               beforeFree(changes),
 			Log:                      log,
 		})
 		if err != nil {
@@ -112,6 +118,7 @@ func runMount(c *cli.Context) error {
 		}
 		defer tierer.Close()
 		tier = tierer
+		remote.t = tierer
 	}
 	// Metrics listen before the mount, so a taken address fails early.
 	var ops fs.OpObserver // stays nil without metrics: requests unobserved
@@ -136,12 +143,34 @@ func runMount(c *cli.Context) error {
 		AttrTimeout:  c.Duration("attr-timeout"),
 		Debug:        c.Bool("debug-fuse"),
 		Tiering:      tier,
+		Changes:      fsChanges(changes),
 		Ops:          ops,
 		ReadAhead:    readAhead,
 		Log:          log,
 	})
 	if err != nil {
 		return err
+	}
+	if changes != nil {
+		defer changes.Close()
+		dir, err := cmRoot(c, m)
+		if err == nil {
+			err = changes.Attach(filepath.Dir(m.StateDir), dir)
+		}
+		if err != nil {
+			m.Unmount(true)
+			m.Wait()
+			return fmt.Errorf("change management: %w", err)
+		}
+		log.Info("change management", "cmroot", c.String("cm-root"), "retain", c.Duration("cm-retain"), "max_bytes", c.String("cm-max-bytes"), "exclude", c.StringSlice("cm-exclude"))
+	}
+	if tierer != nil || changes != nil {
+		srv, err := control.Listen(m.Config.Mountpoint, mountControl{t: tierer, cm: changes, mountpoint: m.Config.Mountpoint}, log)
+		if err != nil {
+			log.Warn("no control socket: tierfs ship, evict, status, cm and repl cannot reach this mount", "err", err)
+		} else {
+			defer srv.Close()
+		}
 	}
 	if tierer != nil {
 		// The tierer works on the backing directory through the mount's
@@ -150,12 +179,6 @@ func runMount(c *cli.Context) error {
 		ctx, cancel := context.WithCancel(context.Background())
 		defer cancel()
 		go tierer.Run(ctx, c.Duration("tier-interval"))
-		srv, err := control.Listen(m.Config.Mountpoint, mountControl{tierer}, log)
-		if err != nil {
-			log.Warn("no control socket: tierfs ship, evict and status cannot reach this mount", "err", err)
-		} else {
-			defer srv.Close()
-		}
 		log.Info("tiering", "remote", redactURL(c.String("remote")), "ship_after", c.Duration("ship-after"),
 			"ship_rate", shipRate, "local_retention_bytes", c.Int64("local-retention-bytes"), "local_retention_age", c.Duration("local-retention-age"))
 	}

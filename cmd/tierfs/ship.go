@@ -17,14 +17,23 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/tierfs/tierfs/chunkxfer"
+	"github.com/tierfs/tierfs/cm"
 	"github.com/tierfs/tierfs/control"
 	"github.com/tierfs/tierfs/tiering"
 )
 
-// mountControl answers control requests with the mount's tierer.
-type mountControl struct{ t *tiering.Tierer }
+// mountControl answers control requests with the mount's tierer and
+// change manager (either may be nil).
+type mountControl struct {
+	t          *tiering.Tierer
+	cm         *cm.Manager
+	mountpoint string
+}
 
 func (m mountControl) Do(ctx context.Context, op, rel string, progress func(done, total int64)) (string, error) {
+	if m.t == nil {
+		return "", errors.New("this mount has no remote (mount it with --remote)")
+	}
 	switch op {
 	case "ship":
 		return m.t.ShipNow(ctx, rel, chunkxfer.Progress(progress))
@@ -34,7 +43,16 @@ func (m mountControl) Do(ctx context.Context, op, rel string, progress func(done
 	return "", fmt.Errorf("unknown op %q", op)
 }
 
-func (m mountControl) Status() any { return m.t.LastErrors() }
+func (m mountControl) Status() any {
+	if m.t == nil {
+		return map[string]tiering.PartitionError{}
+	}
+	return m.t.LastErrors()
+}
+
+func (m mountControl) Call(ctx context.Context, op string, args json.RawMessage) (any, error) {
+	return cmCall(ctx, m.cm, m.mountpoint, op, args)
+}
 
 func cmdShip() *cli.Command {
 	return cmdMove("ship", "ship segments to the store now, whatever their age (they must be rolled, flushed and committed)")

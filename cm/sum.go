@@ -1,0 +1,177 @@
+package cm
+
+import (
+	"crypto/sha256"
+	"encoding/hex"
+	"errors"
+	"fmt"
+	"io"
+	"os"
+	"strconv"
+	"strings"
+	"time"
+
+	"golang.org/x/sys/unix"
+)
+
+// The checksum of a file version is the SHA-256 of its bytes, in hex: the
+// value sha256sum prints, so anyone can check a retained or restored file
+// with standard tools. (SHA-256 runs at about 2 GB/s per core with the
+// SHA extensions of current x86 CPUs; BLAKE3 would be faster but needs a
+// dependency and a tool nobody has installed.)
+//
+// It is computed once per version and cached on the inode, in the
+// trusted.tierfs.sum attribute, with the size and mtime it belongs to. A
+// version whose mtime is within settleTime of now is not cached: a write
+// in the same timestamp tick would not change the mtime.
+const (
+	sumXattr   = "trusted.tierfs.sum"
+	settleTime = 2 * time.Second
+)
+
+// SumLen is the length of a checksum in hex.
+const SumLen = sha256.Size * 2
+
+// ValidSum says whether s has the form of a checksum.
+func ValidSum(s string) bool {
+	if len(s) != SumLen {
+		return false
+	}
+	_, err := hex.DecodeString(s)
+	return err == nil && strings.ToLower(s) == s
+}
+
+// cachedSum returns the cached checksum of the file open at fd, if it is
+// for its current size and mtime.
+func cachedSum(fd int) (string, bool) {
+	var st unix.Stat_t
+	if unix.Fstat(fd, &st) != nil {
+		return "", false
+	}
+	buf := make([]byte, 256)
+	n, err := unix.Fgetxattr(fd, sumXattr, buf)
+	if err != nil {
+		return "", false
+	}
+	f := strings.Split(string(buf[:n]), " ")
+	if len(f) != 3 || !ValidSum(f[0]) {
+		return "", false
+	}
+	if f[1] != strconv.FormatInt(st.Size, 10) || f[2] != strconv.FormatInt(st.Mtim.Nano(), 10) {
+		return "", false
+	}
+	return f[0], true
+}
+
+// cacheSum records sum as the checksum of the file at fd, if its version
+// is settled. Failure to cache (a file system without trusted xattrs) only
+// costs a later recomputation.
+func cacheSum(fd int, sum string, now time.Time) {
+	var st unix.Stat_t
+	if unix.Fstat(fd, &st) != nil || now.Sub(time.Unix(0, st.Mtim.Nano())) < settleTime {
+		return
+	}
+	v := fmt.Sprintf("%s %d %d", sum, st.Size, st.Mtim.Nano())
+	_ = unix.Fsetxattr(fd, sumXattr, []byte(v), 0)
+}
+
+// hashReader is the SHA-256 of the first n bytes of r (all when n < 0).
+func hashReader(r io.Reader, n int64) (string, error) {
+	h := sha256.New()
+	if n >= 0 {
+		r = io.LimitReader(r, n)
+	}
+	buf := make([]byte, 1<<20)
+	got, err := io.CopyBuffer(h, r, buf)
+	if err != nil {
+		return "", err
+	}
+	if n >= 0 && got != n {
+		return "", fmt.Errorf("file is %d bytes, shorter than %d", got, n)
+	}
+	return hex.EncodeToString(h.Sum(nil)), nil
+}
+
+// Remote reads files whose bytes are in the store (evicted by the
+// tierer); nil when there is no store.
+type Remote interface {
+	// OpenIfRemote opens the store copy of the file at path when its
+	// local bytes were freed; ok is false for a file whose bytes are
+	// local.
+	OpenIfRemote(path string) (r io.ReaderAt, closer io.Closer, ok bool, err error)
+}
+
+// contentReader returns a reader of the whole content of the file at path
+// (open at f), from the store when it was evicted.
+func contentReader(remote Remote, path string, f *os.File, size int64) (io.Reader, func(), error) {
+	if remote != nil {
+		r, c, ok, err := remote.OpenIfRemote(path)
+		if err != nil {
+			return nil, nil, err
+		}
+		if ok {
+			return io.NewSectionReader(r, 0, size), func() { c.Close() }, nil
+		}
+	}
+	if _, err := f.Seek(0, io.SeekStart); err != nil {
+		return nil, nil, err
+	}
+	return f, func() {}, nil
+}
+
+// sumFile returns the checksum of the file at path, from the cache or by
+// reading it (through the store when it was evicted), and caches it.
+func (m *Manager) sumFile(path string) (string, int64, error) {
+	f, err := os.Open(path)
+	if err != nil {
+		return "", 0, err
+	}
+	defer f.Close()
+	var st unix.Stat_t
+	if err := unix.Fstat(int(f.Fd()), &st); err != nil {
+		return "", 0, err
+	}
+	if st.Mode&unix.S_IFMT != unix.S_IFREG {
+		return "", 0, errors.New("not a regular file")
+	}
+	if s, ok := cachedSum(int(f.Fd())); ok {
+		return s, st.Size, nil
+	}
+	r, done, err := contentReader(m.cfg.Remote, path, f, st.Size)
+	if err != nil {
+		return "", 0, err
+	}
+	defer done()
+	s, err := hashReader(r, st.Size)
+	if err != nil {
+		return "", 0, fmt.Errorf("checksum of %s: %w", path, err)
+	}
+	cacheSum(int(f.Fd()), s, m.cfg.Now())
+	return s, st.Size, nil
+}
+
+// CacheSum computes and caches the checksum of the local file at path. The
+// tierer calls it before freeing a file's local bytes, so a later capture
+// of the evicted file needs no download.
+func (m *Manager) CacheSum(path string) error {
+	f, err := os.Open(path)
+	if err != nil {
+		return err
+	}
+	defer f.Close()
+	if _, ok := cachedSum(int(f.Fd())); ok {
+		return nil
+	}
+	s, err := hashReader(f, -1)
+	if err != nil {
+		return err
+	}
+	// Cached whatever the mtime's age: the file is about to be evicted,
+	// and an evicted file is never written.
+	var st unix.Stat_t
+	if err := unix.Fstat(int(f.Fd()), &st); err != nil {
+		return err
+	}
+	v := fmt.Sprintf("%s %d %d", s, st.Size, st.Mtim.Nano())
+	return unix.Fsetxattr(int(f.Fd()), sumXattr, []byte(v), 0)
+}
