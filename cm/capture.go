@@ -276,6 +276,9 @@ func (m *Manager) keep(tmp, rel, sum string) (string, error) {
 	if err := os.Link(tmp, full); err != nil && !errors.Is(err, os.ErrExist) {
 		return "", err
 	}
+	// The file system hides these two links from a process that still
+	// has the deleted file open (natively its link count is 0).
+	_ = unix.Setxattr(full, linksXattr, []byte("2"), 0)
 	var st unix.Stat_t
 	unix.Lstat(full, &st)
 	os.Remove(tmp)

@@ -1,10 +1,13 @@
 package fs
 
 import (
+	"errors"
+	"strconv"
 	"strings"
 	"sync"
 	"syscall"
 
+	"github.com/hanwen/go-fuse/v2/fuse"
 	"golang.org/x/sys/unix"
 )
 
@@ -187,4 +190,92 @@ func truncateWith(ch Changes, fd int, rel string, size int64, cut func() error) 
 		ch.Written(rel, old, size, false)
 	}
 	return nil
+}
+
+// The kernel serves all opens of an inode at one time in one io mode:
+// passthrough, or cached (FUSE reads and writes); an open that would mix
+// them fails (ETXTBSY). Change management needs to see the writes of an
+// open that may overwrite existing bytes, so such an open is cached, and
+// then so must be every other open of the inode while it lasts. ioModes
+// counts an inode's opens of each mode.
+type ioModes struct {
+	mu          sync.Mutex
+	passthrough int // GUARDED_BY(mu)
+	cached      int // GUARDED_BY(mu)
+}
+
+// openMode picks the mode of a new open of this inode: cached when asked
+// and no passthrough open exists, or when a cached open exists. release
+// ends the open's count.
+func (n *node) openMode(wantCached bool) (cached bool, release func()) {
+	m := &n.modes
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	cached = m.cached > 0 || (wantCached && m.passthrough == 0)
+	if cached {
+		m.cached++
+	} else {
+		m.passthrough++
+	}
+	var once sync.Once
+	return cached, func() {
+		once.Do(func() {
+			m.mu.Lock()
+			defer m.mu.Unlock()
+			if cached {
+				m.cached--
+			} else {
+				m.passthrough--
+			}
+		})
+	}
+}
+
+// chooseMode settles whether the local handle lf is served by
+// passthrough or cached (see ioModes). A session that may overwrite but
+// must share the inode with passthrough opens cannot see its writes: the
+// original is retained now instead.
+func (n *node) chooseMode(lf *localFile) error {
+	want := lf.cm.needsWrites()
+	cached, release := n.openMode(want)
+	lf.releaseMode, lf.cached = release, cached
+	if cached && n.root.passthrough.Load() {
+		n.root.expectedCached.Add(1)
+	}
+	if want && !cached {
+		if err := lf.cm.beforeWrite(int(lf.f.Fd()), 0); err != nil {
+			release()
+			return err
+		}
+	}
+	return nil
+}
+
+// cmLinksXattr marks an inode retained in the cmroot, with the number of
+// links the cmroot holds (cm sets it).
+const cmLinksXattr = "trusted.tierfs.cmlinks"
+
+// fixNlink hides the cmroot's links to a file that was deleted while
+// open: natively its link count is 0, and programs check that.
+func (n *node) fixNlink(fd int, out *fuse.Attr) {
+	if n.root.changes == nil || out.Nlink == 0 {
+		return
+	}
+	if _, parent := n.Parent(); parent != nil {
+		return
+	}
+	buf := make([]byte, 8)
+	sz, err := unix.Fgetxattr(fd, cmLinksXattr, buf)
+	if err != nil {
+		if !errors.Is(err, unix.EBADF) {
+			return
+		}
+		// An O_PATH descriptor: through its magic link.
+		if sz, err = unix.Getxattr(procFd(fd), cmLinksXattr, buf); err != nil {
+			return
+		}
+	}
+	if k, err := strconv.Atoi(string(buf[:sz])); err == nil && k > 0 && uint32(k) <= out.Nlink {
+		out.Nlink -= uint32(k)
+	}
 }

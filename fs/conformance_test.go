@@ -19,18 +19,25 @@ func TestConformance(t *testing.T) {
 		maxNodeFds  int
 		skip        map[string]string
 		observe     bool // every request goes through the Config.Ops wrapper
+		cm          bool // change management on
 	}{
-		{"passthrough", true, 0, nil, false},
-		{"fuse-io", false, 0, nil, false},
+		{"passthrough", true, 0, nil, false, false},
+		{"fuse-io", false, 0, nil, false, false},
 		// Two descriptors: almost every node is reached by file handle.
 		{"handles", true, 2, map[string]string{
 			"rename-over-open": "past the descriptor budget an open racing two rename-overs can get ESTALE (documented in README)",
-		}, false},
-		{"observed", false, 0, nil, true},
+		}, false, false},
+		{"observed", false, 0, nil, true, false},
+		// Change management retains what every unlink, rename-over,
+		// truncate and overwrite loses: none of it may show.
+		{"cm", true, 0, nil, false, true},
 	} {
 		t.Run(variant.name, func(t *testing.T) {
 			if variant.observe {
 				t.Setenv(serveObserveEnv, "1")
+			}
+			if variant.cm {
+				t.Setenv(serveCMEnv, "1")
 			}
 			srv := mountTestWith(t, "", variant.passthrough, variant.maxNodeFds)
 			mnt := srv.Mountpoint

@@ -175,6 +175,12 @@ func (n *node) Create(ctx context.Context, name string, flags uint32, mode uint3
 	lf := newLocalFile(child, fd)
 	lf.cm = child.newSession(fd, flags, rel)
 	fh, fl := child.wrapTiered(lf, rel)
+	if fh == gofs.FileHandle(lf) && n.root.changes != nil {
+		if err := child.chooseMode(lf); err != nil {
+			lf.Release(ctx)
+			return nil, nil, 0, toErrno(err)
+		}
+	}
 	return ch, fh, fl, 0
 }
 

@@ -55,6 +55,12 @@ func (n *node) Open(ctx context.Context, flags uint32) (gofs.FileHandle, uint32,
 	lf := newLocalFile(n, fd)
 	lf.cm = n.newSession(fd, flags, rel)
 	fh, fl := n.wrapTiered(lf, rel)
+	if fh == gofs.FileHandle(lf) && n.root.changes != nil {
+		if err := n.chooseMode(lf); err != nil {
+			lf.Release(ctx)
+			return nil, 0, toErrno(err)
+		}
+	}
 	return fh, fl, 0
 }
 
@@ -82,6 +88,10 @@ type localFile struct {
 	unhold func()
 	// cm, when set, tracks this open for change management.
 	cm *cmSession
+	// cached says the handle is served by FUSE reads and writes on
+	// purpose, and releaseMode ends its count (see ioModes).
+	cached      bool
+	releaseMode func()
 }
 
 var (
@@ -95,6 +105,9 @@ var (
 
 func (lf *localFile) Release(ctx context.Context) syscall.Errno {
 	lf.cm.noteWritten(int(lf.f.Fd()))
+	if lf.releaseMode != nil {
+		lf.releaseMode()
+	}
 	if lf.unhold != nil {
 		lf.unhold()
 	}
@@ -132,6 +145,8 @@ func (lf *localFile) Fsync(ctx context.Context, flags uint32) syscall.Errno {
 	return errno
 }
 
+func (lf *localFile) backingFd() int { return int(lf.f.Fd()) }
+
 func newLocalFile(n *node, fd int) *localFile {
 	f := os.NewFile(uintptr(fd), "")
 	return &localFile{LoopbackFile: gofs.NewLoopbackFileFromOS(f), f: f, node: n}
@@ -140,7 +155,7 @@ func newLocalFile(n *node, fd int) *localFile {
 // PassthroughFd offers the backing descriptor to the kernel, when
 // passthrough is on for this mount.
 func (lf *localFile) PassthroughFd() (int, bool) {
-	if !lf.node.root.passthrough.Load() || lf.cm.needsWrites() {
+	if !lf.node.root.passthrough.Load() || lf.cached {
 		return 0, false
 	}
 	return lf.LoopbackFile.PassthroughFd()

@@ -40,6 +40,9 @@ type node struct {
 	handle  fileHandle
 	cleanup runtime.Cleanup
 	closed  atomic.Bool
+
+	// modes counts open handles by io mode (used with change management).
+	modes ioModes
 }
 
 var (
@@ -193,7 +196,11 @@ func (n *node) Lookup(ctx context.Context, name string, out *fuse.EntryOut) (*go
 
 func (n *node) Getattr(ctx context.Context, f gofs.FileHandle, out *fuse.AttrOut) syscall.Errno {
 	if fga, ok := f.(gofs.FileGetattrer); ok {
-		return fga.Getattr(ctx, out)
+		errno := fga.Getattr(ctx, out)
+		if lf, ok := f.(interface{ backingFd() int }); ok && errno == 0 {
+			n.fixNlink(lf.backingFd(), &out.Attr)
+		}
+		return errno
 	}
 	fd, unpin, err := n.pin()
 	if err != nil {
@@ -205,6 +212,7 @@ func (n *node) Getattr(ctx context.Context, f gofs.FileHandle, out *fuse.AttrOut
 		return toErrno(err)
 	}
 	fillAttr(&out.Attr, &st)
+	n.fixNlink(fd, &out.Attr)
 	return 0
 }
 

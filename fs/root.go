@@ -51,6 +51,10 @@ type Root struct {
 	heldFds  atomic.Int64
 
 	passthroughLost atomic.Bool
+	// expectedCached counts opens of local files that were served cached
+	// on purpose (see ioModes), so the passthrough watch does not take
+	// them for a lost passthrough.
+	expectedCached atomic.Int64
 	rootNode        *node
 
 	// tiering, when set, serves the files it says are tiered (see

@@ -17,6 +17,7 @@ import (
 	"time"
 
 	"github.com/hanwen/go-fuse/v2/fuse"
+	"github.com/tierfs/tierfs/cm"
 	"github.com/tierfs/tierfs/fs/posixtest"
 	"golang.org/x/sys/unix"
 )
@@ -30,6 +31,9 @@ const (
 	// With it set, the server observes every request (Config.Ops) and
 	// prints the counts when it exits.
 	serveObserveEnv = "TIERFS_TEST_SERVE_OBSERVE"
+	// With it set, the server runs change management (cmroot in the
+	// state dir; the value, when not "1", is a glob to exclude).
+	serveCMEnv = "TIERFS_TEST_SERVE_CM"
 )
 
 // countingOps is an OpObserver that counts requests by op and result.
@@ -71,7 +75,18 @@ func serveForTest() int {
 	if os.Getenv(serveObserveEnv) != "" {
 		ops = counts
 	}
+	var changes Changes
+	var mgr *cm.Manager
+	if v := os.Getenv(serveCMEnv); v != "" {
+		var exclude []string
+		if v != "1" {
+			exclude = []string{v}
+		}
+		mgr = cm.New(cm.Config{Exclude: exclude, Hide: StateDirName, Log: log})
+		changes = mgr
+	}
 	m, err := Mount(Config{
+		Changes:      changes,
 		Ops:          ops,
 		Backing:      os.Getenv(serveBackingEnv),
 		Mountpoint:   os.Getenv(serveMountpointEnv),
@@ -84,6 +99,13 @@ func serveForTest() int {
 	if err != nil {
 		fmt.Fprintln(os.Stderr, "mount:", err)
 		return 1
+	}
+	if mgr != nil {
+		if err := mgr.Attach(filepath.Dir(m.StateDir), filepath.Join(m.StateDir, "cm")); err != nil {
+			fmt.Fprintln(os.Stderr, "cm:", err)
+			return 1
+		}
+		defer mgr.Close()
 	}
 	fmt.Printf("READY passthrough=%v reason=%q\n", m.Passthrough.On, m.Passthrough.Reason)
 	sigs := make(chan os.Signal, 1)

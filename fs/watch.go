@@ -21,6 +21,10 @@ type passthroughWatch struct {
 
 func (w *passthroughWatch) check(out *fuse.OpenOut) {
 	if w.root.passthrough.Load() && out.OpenFlags&(fuse.FOPEN_PASSTHROUGH|fuse.FOPEN_KEEP_CACHE) == 0 {
+		if w.root.expectedCached.Add(-1) >= 0 {
+			return // cached on purpose
+		}
+		w.root.expectedCached.Add(1)
 		w.root.notePassthroughLost()
 	}
 }
