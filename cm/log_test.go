@@ -67,7 +67,6 @@ func TestLogRefusesCorruptionInTheMiddle(t *testing.T) {
 	}
 }
 
-
 func TestLogRollsAndCleanerDropsOldSegments(t *testing.T) {
 	now := time.Unix(1_700_000_000, 0)
 	s := newSim(t, Config{Retain: time.Hour, Now: func() time.Time { return now }})

@@ -25,7 +25,7 @@ import (
 // version whose mtime is within settleTime of now is not cached: a write
 // in the same timestamp tick would not change the mtime.
 const (
-	sumXattr   = "trusted.tierfs.sum"
+	sumXattr = "trusted.tierfs.sum"
 	// linksXattr counts the cmroot's links to a retained inode (fs reads
 	// it under the same name).
 	linksXattr = "trusted.tierfs.cmlinks"

@@ -55,7 +55,7 @@ type Root struct {
 	// on purpose (see ioModes), so the passthrough watch does not take
 	// them for a lost passthrough.
 	expectedCached atomic.Int64
-	rootNode        *node
+	rootNode       *node
 
 	// tiering, when set, serves the files it says are tiered (see
 	// Tiering); nil means a plain loopback.

@@ -125,7 +125,7 @@ type cmRestoreArgs struct {
 }
 
 type cmRestoreReply struct {
-	At     uint64         `json:"at"`
+	At     uint64        `json:"at"`
 	Report cm.LoadReport `json:"report"`
 }
 
