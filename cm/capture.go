@@ -2,13 +2,11 @@ package cm
 
 import (
 	"errors"
-	"fmt"
 	"io"
 	"net/url"
 	"os"
 	"path/filepath"
 	"strconv"
-	"strings"
 
 	"golang.org/x/sys/unix"
 )
@@ -17,8 +15,9 @@ import (
 // Enter/leave. dfd arguments are descriptors of directories of the tree,
 // name an entry in it and rel the same entry's path from the tree's root.
 
-// Unlink removes the entry name of dfd, retaining the original first: the
-// file is moved into the cmroot (one rename), then filed by checksum.
+// Unlink removes the entry name of dfd, retaining the original: the file
+// is moved into the cmroot's tmp dir (one rename) and its event recorded;
+// the filer names it by checksum afterwards, off the request's path.
 func (m *Manager) Unlink(dfd int, name, rel string) error {
 	if m.Excluded(rel) {
 		return unix.Unlinkat(dfd, name, 0)
@@ -46,20 +45,17 @@ func (m *Manager) Unlink(dfd int, name, rel string) error {
 			return err
 		}
 		if err := unix.Unlinkat(dfd, name, 0); err != nil {
+			m.dropTmp(ev.Pending)
 			return err
 		}
 	default:
-		tmp, err := m.takeAway(dfd, name, rel, true)
+		tmp, err := m.takeAway(dfd, name, rel, tmpMove)
 		if err != nil {
 			return err
 		}
-		if err := m.file(tmp, rel, &ev); err != nil {
-			// The file is out of the tree already; it stays in tmp and
-			// is filed at the next start.
-			m.cfg.Log.Error("cm: retained original left unfiled", "path", rel, "tmp", tmp, "err", err)
-		}
+		ev.Pending, ev.Size = tmp, st.Size
 	}
-	m.record(ev)
+	m.captured(ev)
 	return nil
 }
 
@@ -82,79 +78,54 @@ func (m *Manager) Rename(odfd int, oname, orel string, ndfd int, nname, nrel str
 	if fromEx && toEx {
 		return unix.Renameat2(odfd, oname, ndfd, nname, uint(flags))
 	}
-	if toEx {
-		// Moving a tracked entry out of sight is, to cm, its deletion.
-		return m.renameAway(odfd, oname, orel, ndfd, nname, flags)
-	}
-	ev := Event{Type: EvRename, Path: orel, To: nrel, Flags: flags, FromUntracked: fromEx}
 	var src unix.Stat_t
 	if err := unix.Fstatat(odfd, oname, &src, unix.AT_SYMLINK_NOFOLLOW); err != nil {
 		return err
 	}
-	ev.Kind = kindOf(src.Mode)
+	if toEx {
+		// Moving a tracked entry out of sight is, to cm, its deletion.
+		ev := Event{Type: EvDelete, Path: orel, Kind: kindOf(src.Mode)}
+		return m.renameRetaining(odfd, oname, orel, ndfd, nname, flags, ev, odfd, oname, &src)
+	}
+	ev := Event{Type: EvRename, Path: orel, To: nrel, Flags: flags, FromUntracked: fromEx, Kind: kindOf(src.Mode)}
 	var victim unix.Stat_t
-	hasVictim := flags&unix.RENAME_NOREPLACE == 0 && flags&unix.RENAME_EXCHANGE == 0 &&
-		unix.Fstatat(ndfd, nname, &victim, unix.AT_SYMLINK_NOFOLLOW) == nil && !sameInode(&src, &victim)
-	tmp := ""
-	if hasVictim {
-		ev.Over = kindOf(victim.Mode)
-		switch ev.Over {
-		case KindFile:
-			var err error
-			if victim.Nlink > 1 {
-				err = m.retainCopy(ndfd, nname, nrel, &ev)
-			} else {
-				tmp, err = m.takeAway(ndfd, nname, nrel, false)
+	if flags&(unix.RENAME_NOREPLACE|unix.RENAME_EXCHANGE) != 0 ||
+		unix.Fstatat(ndfd, nname, &victim, unix.AT_SYMLINK_NOFOLLOW) != nil || sameInode(&src, &victim) {
+		return m.renameRetaining(odfd, oname, orel, ndfd, nname, flags, ev, -1, "", nil)
+	}
+	ev.Over = kindOf(victim.Mode)
+	if ev.Over == KindSymlink {
+		ev.Target, _ = readlinkat(ndfd, nname)
+	}
+	return m.renameRetaining(odfd, oname, orel, ndfd, nname, flags, ev, ndfd, nname, &victim)
+}
+
+// renameRetaining renames, first retaining the file name of kdfd (stat
+// st) when it is a regular file: linked into tmp (or copied, when it has
+// other links), so it survives the rename.
+func (m *Manager) renameRetaining(odfd int, oname, orel string, ndfd int, nname string, flags uint32, ev Event, kdfd int, kname string, st *unix.Stat_t) error {
+	if st != nil && kindOf(st.Mode) == KindFile {
+		krel := ev.Path
+		if ev.Type == EvRename {
+			krel = ev.To
+		}
+		if st.Nlink > 1 {
+			if err := m.retainCopy(kdfd, kname, krel, &ev); err != nil {
+				return err
 			}
+		} else {
+			tmp, err := m.takeAway(kdfd, kname, krel, tmpLink)
 			if err != nil {
 				return err
 			}
-		case KindSymlink:
-			ev.Target, _ = readlinkat(ndfd, nname)
+			ev.Pending, ev.Size = tmp, st.Size
 		}
 	}
 	if err := unix.Renameat2(odfd, oname, ndfd, nname, uint(flags)); err != nil {
-		if tmp != "" {
-			os.Remove(tmp)
-		}
+		m.dropTmp(ev.Pending)
 		return err
 	}
-	if tmp != "" {
-		if err := m.file(tmp, nrel, &ev); err != nil {
-			m.cfg.Log.Error("cm: retained original left unfiled", "path", nrel, "tmp", tmp, "err", err)
-		}
-	}
-	m.record(ev)
-	return nil
-}
-
-// renameAway renames a tracked file to an excluded name: recorded as its
-// deletion, with the bytes retained.
-func (m *Manager) renameAway(odfd int, oname, orel string, ndfd int, nname string, flags uint32) error {
-	var st unix.Stat_t
-	if err := unix.Fstatat(odfd, oname, &st, unix.AT_SYMLINK_NOFOLLOW); err != nil {
-		return err
-	}
-	ev := Event{Type: EvDelete, Path: orel, Kind: kindOf(st.Mode)}
-	tmp := ""
-	if ev.Kind == KindFile {
-		var err error
-		if tmp, err = m.takeAway(odfd, oname, orel, false); err != nil {
-			return err
-		}
-	}
-	if err := unix.Renameat2(odfd, oname, ndfd, nname, uint(flags)); err != nil {
-		if tmp != "" {
-			os.Remove(tmp)
-		}
-		return err
-	}
-	if tmp != "" {
-		if err := m.file(tmp, orel, &ev); err != nil {
-			m.cfg.Log.Error("cm: retained original left unfiled", "path", orel, "tmp", tmp, "err", err)
-		}
-	}
-	m.record(ev)
+	m.captured(ev)
 	return nil
 }
 
@@ -177,7 +148,7 @@ func (m *Manager) Truncate(path, rel string, size int64) error {
 	if err := m.retainCopyPath(path, rel, &ev); err != nil {
 		return err
 	}
-	m.record(ev)
+	m.captured(ev)
 	return nil
 }
 
@@ -191,7 +162,7 @@ func (m *Manager) Overwrite(path, rel string) error {
 	if err := m.retainCopyPath(path, rel, &ev); err != nil {
 		return err
 	}
-	m.record(ev)
+	m.captured(ev)
 	return nil
 }
 
@@ -204,27 +175,33 @@ func (m *Manager) Written(rel string, oldSize, newSize int64, overwrote bool) {
 	}
 }
 
-// takeAway moves (or, with move false, links) the entry name of dfd into
-// the cmroot's tmp dir and returns its path there. The tmp name carries
-// rel, so an original left in tmp by a crash is filed under its path.
-func (m *Manager) takeAway(dfd int, name, rel string, move bool) (string, error) {
-	tmpName := strconv.FormatInt(m.cfg.Now().UnixNano(), 10) + "-" + strconv.FormatUint(m.tmpSeq.Add(1), 10) + "-" + url.PathEscape(rel)
-	if len(tmpName) > 255 {
-		tmpName = tmpName[:255]
-	}
-	tmp := filepath.Join(m.dir, "tmp", tmpName)
+// How an original got into tmp; the prefix of its tmp name, so recovery
+// after a crash knows what happened.
+const (
+	tmpMove = "move" // renamed out of the tree: the change happened
+	tmpLink = "link" // linked, then the tree's name renamed over: maybe
+	tmpCopy = "copy" // copied before the change: maybe
+)
+
+// takeAway moves (or links) the entry name of dfd into the cmroot's tmp
+// dir and returns its name there (relative to the cmroot). The name
+// carries rel, so an original left in tmp by a crash is filed under its
+// path.
+func (m *Manager) takeAway(dfd int, name, rel, how string) (string, error) {
+	tmp := m.tmpName(how, rel)
+	full := filepath.Join(m.dir, tmp)
 	var err error
-	if move {
-		err = unix.Renameat(dfd, name, unix.AT_FDCWD, tmp)
+	if how == tmpMove {
+		err = unix.Renameat(dfd, name, unix.AT_FDCWD, full)
 	} else {
-		err = unix.Linkat(dfd, name, unix.AT_FDCWD, tmp, 0)
+		err = unix.Linkat(dfd, name, unix.AT_FDCWD, full, 0)
 	}
 	if errors.Is(err, unix.EXDEV) {
 		// The cmroot is on another file system: copy, then (for a move)
 		// remove.
-		if err = copyAt(dfd, name, tmp); err == nil && move {
+		if err = copyAt(dfd, name, full); err == nil && how == tmpMove {
 			if err = unix.Unlinkat(dfd, name, 0); err != nil {
-				os.Remove(tmp)
+				os.Remove(full)
 			}
 		}
 	}
@@ -232,62 +209,27 @@ func (m *Manager) takeAway(dfd int, name, rel string, move bool) (string, error)
 		m.stats.Errors.Add(1)
 		return "", &errRetain{path: rel, err: err}
 	}
+	// The inode now lives on in the cmroot only (moved, or linked just
+	// before its name is replaced): the file system shows a process that
+	// still has it open a link count of 0, as natively.
+	_ = unix.Setxattr(full, retainedXattr, nil, 0)
 	return tmp, nil
 }
 
-// file gives the original at tmp its name by checksum and sets ev's Sum,
-// Name and Size. Content already retained is kept once.
-func (m *Manager) file(tmp, rel string, ev *Event) error {
-	sum, size, err := m.sumFile(tmp)
-	if err != nil {
-		return err
+func (m *Manager) tmpName(how, rel string) string {
+	n := how + "-" + strconv.FormatInt(m.cfg.Now().UnixNano(), 10) + "-" + strconv.FormatUint(m.tmpSeq.Add(1), 10) + "-" + url.PathEscape(rel)
+	if len(n) > 255 {
+		n = n[:255]
 	}
-	ev.Sum, ev.Size = sum, size
-	name, err := m.keep(tmp, rel, sum)
-	if err != nil {
-		return err
-	}
-	ev.Name = name
-	return nil
+	return "tmp/" + n
 }
 
-// keep files the original at tmp (whose checksum is sum) under rel and
-// removes tmp; it returns the cmroot name the content is kept under.
-func (m *Manager) keep(tmp, rel, sum string) (string, error) {
-	m.mu.Lock()
-	defer m.mu.Unlock()
-	if rc, ok := m.retained[sum]; ok {
-		if _, err := os.Lstat(filepath.Join(m.dir, "by-sum", sum)); err == nil {
-			os.Remove(tmp)
-			rc.last = m.cfg.Now()
-			m.stats.Deduplicated.Add(1)
-			return rc.name, nil
-		}
+// dropTmp removes an original taken for a change that did not happen.
+func (m *Manager) dropTmp(tmp string) {
+	if tmp != "" {
+		unix.Removexattr(filepath.Join(m.dir, tmp), retainedXattr)
+		os.Remove(filepath.Join(m.dir, tmp))
 	}
-	name := "files/" + rel + "_" + sum
-	full := filepath.Join(m.dir, name)
-	if err := os.MkdirAll(filepath.Dir(full), 0o700); err != nil {
-		return "", err
-	}
-	// by-sum first: it is what says the content is retained.
-	if err := os.Link(tmp, filepath.Join(m.dir, "by-sum", sum)); err != nil && !errors.Is(err, os.ErrExist) {
-		return "", err
-	}
-	if err := os.Link(tmp, full); err != nil && !errors.Is(err, os.ErrExist) {
-		return "", err
-	}
-	// The file system hides these two links from a process that still
-	// has the deleted file open (natively its link count is 0).
-	_ = unix.Setxattr(full, linksXattr, []byte("2"), 0)
-	var st unix.Stat_t
-	unix.Lstat(full, &st)
-	os.Remove(tmp)
-	rc := &retainedCopy{name: name, bytes: st.Blocks * 512, last: m.cfg.Now()}
-	m.retained[sum] = rc
-	m.bytes += rc.bytes
-	m.stats.RetainedFiles.Add(1)
-	m.stats.RetainedBytes.Add(st.Size)
-	return name, nil
 }
 
 // retainCopy retains a copy of the entry name of dfd (the original stays).
@@ -300,108 +242,54 @@ func (m *Manager) retainCopy(dfd int, name, rel string, ev *Event) error {
 	return m.retainCopyPath("/proc/self/fd/"+strconv.Itoa(fd), rel, ev)
 }
 
-// retainCopyPath retains a copy of the file at path. When its content is
-// already retained no copy is made.
+// retainCopyPath copies the file at path into tmp and sets ev's Pending
+// and Size. Holes stay holes, so a preallocated index costs only its data.
 func (m *Manager) retainCopyPath(path, rel string, ev *Event) error {
-	fail := func(err error) error {
+	tmp := m.tmpName(tmpCopy, rel)
+	size, err := m.copyContent(path, filepath.Join(m.dir, tmp))
+	if err != nil {
+		m.dropTmp(tmp)
 		m.stats.Errors.Add(1)
 		return &errRetain{path: rel, err: err}
 	}
-	sum, size, err := m.sumFile(path)
-	if err != nil {
-		return fail(err)
-	}
-	ev.Sum, ev.Size = sum, size
-	m.mu.Lock()
-	rc, dup := m.retained[sum]
-	if dup {
-		rc.last = m.cfg.Now()
-		ev.Name = rc.name
-	}
-	m.mu.Unlock()
-	if dup {
-		if _, err := os.Lstat(filepath.Join(m.dir, "by-sum", sum)); err == nil {
-			m.stats.Deduplicated.Add(1)
-			return nil
-		}
-	}
-	tmp := filepath.Join(m.dir, "tmp", fmt.Sprintf("%d-%d-%s", m.cfg.Now().UnixNano(), m.tmpSeq.Add(1), url.PathEscape(rel)))
-	if len(filepath.Base(tmp)) > 255 {
-		tmp = tmp[:len(tmp)-(len(filepath.Base(tmp))-255)]
-	}
-	if err := m.copyContent(path, tmp); err != nil {
-		os.Remove(tmp)
-		return fail(err)
-	}
-	name, err := m.keep(tmp, rel, sum)
-	if err != nil {
-		os.Remove(tmp)
-		return fail(err)
-	}
-	ev.Name = name
+	ev.Pending, ev.Size = tmp, size
 	return nil
 }
 
 // copyContent copies the file at src to a new file dst, with its mode,
-// owner and times. An evicted file's copy is read from the store.
-func (m *Manager) copyContent(src, dst string) error {
+// owner and times, and returns its size. An evicted file's copy is read
+// from the store. The copy is made durable with the event log (see
+// syncPending), not here.
+func (m *Manager) copyContent(src, dst string) (int64, error) {
 	in, err := os.Open(src)
 	if err != nil {
-		return err
+		return 0, err
 	}
 	defer in.Close()
 	var st unix.Stat_t
 	if err := unix.Fstat(int(in.Fd()), &st); err != nil {
-		return err
+		return 0, err
 	}
 	out, err := os.OpenFile(dst, os.O_WRONLY|os.O_CREATE|os.O_EXCL, 0o600)
 	if err != nil {
-		return err
+		return 0, err
 	}
 	defer out.Close()
 	if m.cfg.Remote != nil {
 		if r, c, ok, err := m.cfg.Remote.OpenIfRemote(src); err != nil {
-			return err
+			return 0, err
 		} else if ok {
 			defer c.Close()
 			if _, err := io.Copy(out, io.NewSectionReader(r, 0, st.Size)); err != nil {
-				return err
+				return 0, err
 			}
-			return finishCopy(out, &st)
+			return st.Size, copyAttrs(out, &st)
 		}
 	}
 	if err := copySparse(int(in.Fd()), int(out.Fd()), st.Size); err != nil {
-		return err
+		return 0, err
 	}
-	return finishCopy(out, &st)
-}
-
-// recoverTmp files the originals a crash left in tmp, each with an event
-// marked recovered (the event the crash cut off).
-func (m *Manager) recoverTmp() error {
-	ents, err := os.ReadDir(filepath.Join(m.dir, "tmp"))
-	if err != nil {
-		return err
-	}
-	for _, e := range ents {
-		tmp := filepath.Join(m.dir, "tmp", e.Name())
-		parts := strings.SplitN(e.Name(), "-", 3)
-		rel := ""
-		if len(parts) == 3 {
-			rel, _ = url.PathUnescape(parts[2])
-		}
-		if rel == "" || !e.Type().IsRegular() {
-			os.RemoveAll(tmp)
-			continue
-		}
-		ev := Event{Type: EvDelete, Kind: KindFile, Path: rel, Recovered: true}
-		if err := m.file(tmp, rel, &ev); err != nil {
-			return fmt.Errorf("cm: recover %s: %w", tmp, err)
-		}
-		m.record(ev)
-		m.cfg.Log.Warn("cm: an original retained just before a crash was filed; its event is marked recovered", "path", rel, "name", ev.Name)
-	}
-	return nil
+	return st.Size, copyAttrs(out, &st)
 }
 
 func kindOf(mode uint32) string {

@@ -15,6 +15,7 @@ func (m *Manager) Clean() (int, error) {
 	if err := m.wait(); err != nil {
 		return 0, err
 	}
+	m.flushFiler()
 	now := m.cfg.Now()
 	horizon := now.Add(-m.cfg.Retain)
 	type aged struct {

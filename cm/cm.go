@@ -78,6 +78,9 @@ type Manager struct {
 	mu       sync.Mutex
 	retained map[string]*retainedCopy // by checksum; GUARDED_BY(mu)
 	bytes    int64                    // allocated bytes of all retained; GUARDED_BY(mu)
+	dirty    map[string]bool          // cmroot paths to sync with the log; GUARDED_BY(mu)
+
+	filer filer
 
 	stats Stats
 	stop  chan struct{}
@@ -115,7 +118,9 @@ func New(cfg Config) *Manager {
 	if cfg.Now == nil {
 		cfg.Now = time.Now
 	}
-	return &Manager{cfg: cfg, ready: make(chan struct{}), retained: map[string]*retainedCopy{}, stop: make(chan struct{})}
+	m := &Manager{cfg: cfg, ready: make(chan struct{}), retained: map[string]*retainedCopy{}, dirty: map[string]bool{}, stop: make(chan struct{})}
+	m.filer.cond = sync.NewCond(&m.filer.mu)
+	return m
 }
 
 // Attach opens the cmroot dir for the tree at root (both as reachable by
@@ -129,8 +134,9 @@ func (m *Manager) Attach(root, dir string) error {
 	if err != nil {
 		return err
 	}
-	m.wg.Add(1)
+	m.wg.Add(2)
 	go m.background()
+	go m.fileLoop()
 	return nil
 }
 
@@ -168,7 +174,7 @@ func (m *Manager) loadRetained() error {
 		return err
 	}
 	err = readEvents(m.log.dir, first, ^uint64(0), func(ev Event) error {
-		if ev.Retains() {
+		if ev.Type == EvFiled {
 			m.noteRetained(ev.Sum, ev.Name, time.Unix(0, ev.TimeNs))
 		}
 		return nil
@@ -227,9 +233,17 @@ func (m *Manager) Close() error {
 	if m.readyErr != nil {
 		return nil
 	}
+	m.filer.mu.Lock()
+	m.filer.closing = true
+	m.filer.cond.Broadcast()
+	m.filer.mu.Unlock()
 	close(m.stop)
 	m.wg.Wait()
-	return m.log.close()
+	err := m.syncAll()
+	if cerr := m.log.close(); err == nil {
+		err = cerr
+	}
+	return err
 }
 
 func (m *Manager) background() {
@@ -243,7 +257,7 @@ func (m *Manager) background() {
 		case <-m.stop:
 			return
 		case <-sync.C:
-			if err := m.log.sync(); err != nil {
+			if err := m.syncAll(); err != nil {
 				m.cfg.Log.Error("cm: sync of the event log failed", "err", err)
 			}
 		case <-clean.C:
@@ -293,14 +307,16 @@ func (m *Manager) Enter() (leave func(), err error) {
 
 // record appends ev to the log; a failure is logged (the change happened,
 // and saying no now would not undo it).
-func (m *Manager) record(ev Event) {
-	ev.TimeNs = m.cfg.Now().UnixNano()
+func (m *Manager) record(ev Event) (uint64, time.Time) {
+	now := m.cfg.Now()
+	ev.TimeNs = now.UnixNano()
 	if err := m.log.append(&ev); err != nil {
 		m.stats.Errors.Add(1)
 		m.cfg.Log.Error("cm: event not recorded", "type", ev.Type, "path", ev.Path, "err", err)
-		return
+		return 0, now
 	}
 	m.stats.Events.Add(1)
+	return ev.ID, now
 }
 
 // errRetain wraps a failure to retain an original: the change is refused.

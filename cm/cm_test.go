@@ -258,6 +258,7 @@ func TestDeleteIsRetainedAndRestored(t *testing.T) {
 	if _, err := os.Stat(filepath.Join(s.root, "orders-0")); !os.IsNotExist(err) {
 		t.Fatal("not deleted")
 	}
+	s.m.flushFiler()
 	sum := sha256.Sum256([]byte(before["orders-0/00000000000000000000.log"]))
 	kept := filepath.Join(s.m.Dir(), "files", "orders-0", "00000000000000000000.log_"+hex.EncodeToString(sum[:]))
 	if _, err := os.Stat(kept); err != nil {
@@ -294,6 +295,7 @@ func TestSameContentIsKeptOnce(t *testing.T) {
 		s.write(fmt.Sprintf("f%d", i), 0, []byte("same bytes"))
 		s.unlink(fmt.Sprintf("f%d", i))
 	}
+	s.m.flushFiler()
 	ents, _ := os.ReadDir(filepath.Join(s.m.Dir(), "by-sum"))
 	if len(ents) != 1 || s.m.Stats().Deduplicated.Load() != 4 {
 		t.Fatalf("%d retained, %d deduplicated; want 1 and 4", len(ents), s.m.Stats().Deduplicated.Load())

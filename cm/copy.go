@@ -48,16 +48,21 @@ func copySparse(in, out int, size int64) error {
 // finishCopy gives the copy its original's mode, owner and times, and
 // makes it durable.
 func finishCopy(out *os.File, st *unix.Stat_t) error {
+	if err := copyAttrs(out, st); err != nil {
+		return err
+	}
+	return out.Sync()
+}
+
+// copyAttrs gives the copy its original's mode, owner and times.
+func copyAttrs(out *os.File, st *unix.Stat_t) error {
 	fd := int(out.Fd())
 	if err := unix.Fchmod(fd, st.Mode&0o7777); err != nil {
 		return err
 	}
 	_ = unix.Fchown(fd, int(st.Uid), int(st.Gid))
 	ts := []unix.Timespec{st.Atim, st.Mtim}
-	if err := unix.UtimesNanoAt(fd, "", ts, unix.AT_EMPTY_PATH); err != nil {
-		return err
-	}
-	return out.Sync()
+	return unix.UtimesNanoAt(fd, "", ts, unix.AT_EMPTY_PATH)
 }
 
 // copyAt copies the file name of dfd to the new file dst.
@@ -85,5 +90,5 @@ func copyAt(dfd int, name, dst string) error {
 		os.Remove(dst)
 		return err
 	}
-	return finishCopy(out, &st)
+	return copyAttrs(out, &st)
 }

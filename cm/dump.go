@@ -206,20 +206,24 @@ func (m *Manager) Dump(dir string, from, to uint64, bootstrap bool, source strin
 	} else if from == 0 || from > h.To {
 		return h, fmt.Errorf("--from %d: must be between 1 and %d (--to)", from, h.To)
 	}
-	var events []Event
+	m.flushFiler()
+	first, err := firstID(m.log.dir)
+	if err != nil {
+		return h, err
+	}
+	if !bootstrap && h.From < first {
+		return h, fmt.Errorf("events before %d have expired (--cm-retain): cannot dump from %d; dump with --bootstrap", first, from)
+	}
+	events, err := readResolved(m.log.dir, h.From, h.To)
+	if err != nil {
+		return h, err
+	}
 	roots := map[string]bool{}
-	if err := readEvents(m.log.dir, h.From, h.To, func(ev Event) error {
-		events = append(events, ev)
+	for _, ev := range events {
 		roots[ev.Path] = true
 		if ev.To != "" {
 			roots[ev.To] = true
 		}
-		return nil
-	}); err != nil {
-		return h, err
-	}
-	if !bootstrap && len(events) > 0 && events[0].ID != h.From {
-		return h, fmt.Errorf("events before %d have expired (--cm-retain): cannot dump from %d; dump with --bootstrap", events[0].ID, from)
 	}
 	rs := []string{""}
 	if !bootstrap {
@@ -373,17 +377,18 @@ func (m *Manager) Events(path string, since uint64, sinceTime time.Time, limit i
 	if err := m.wait(); err != nil {
 		return nil, err
 	}
+	m.flushFiler()
+	all, err := readResolved(m.log.dir, since, ^uint64(0))
 	var out []Event
-	err := readEvents(m.log.dir, since, ^uint64(0), func(ev Event) error {
+	for _, ev := range all {
 		if path != "" && !under(ev.Path, path) && (ev.To == "" || !under(ev.To, path)) {
-			return nil
+			continue
 		}
 		if !sinceTime.IsZero() && time.Unix(0, ev.TimeNs).Before(sinceTime) {
-			return nil
+			continue
 		}
 		out = append(out, ev)
-		return nil
-	})
+	}
 	if limit > 0 && len(out) > limit {
 		out = out[len(out)-limit:]
 	}

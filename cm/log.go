@@ -24,6 +24,10 @@ const (
 	EvTruncate = "truncate" // Path was cut to Size; the original is retained
 	EvModify   = "modify"   // Path's bytes were about to be overwritten; the original is retained
 	EvWrite    = "write"    // Path was written (appended or, after a modify, overwritten) up to Size
+	// EvFiled completes the event Ref: its original, retained as Pending,
+	// has checksum Sum and is kept as Name. Readers see it merged into
+	// that event (see readResolved).
+	EvFiled = "filed"
 )
 
 // Kinds of entries.
@@ -53,6 +57,11 @@ type Event struct {
 	// retained.
 	Sum  string `json:"sum,omitempty"`
 	Name string `json:"name,omitempty"`
+	// Pending is where an original waits in the cmroot (tmp/...) until
+	// the filer has named it by checksum; Ref is the event a filed
+	// record completes.
+	Pending string `json:"pending,omitempty"`
+	Ref     uint64 `json:"ref,omitempty"`
 	// Target is a symlink's target.
 	Target string `json:"target,omitempty"`
 	// Flags are renameat2 flags (RENAME_EXCHANGE is replayed as a swap).
@@ -71,7 +80,7 @@ type Event struct {
 }
 
 // Retains says whether the event kept an original in cmroot.
-func (e Event) Retains() bool { return e.Name != "" }
+func (e Event) Retains() bool { return e.Name != "" || e.Pending != "" }
 
 // The event log is a directory of segment files named by the id of their
 // first event. Each line is "<crc32c of the JSON, 8 hex> <JSON>\n", so a

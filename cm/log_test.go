@@ -79,6 +79,7 @@ func TestLogRollsAndCleanerDropsOldSegments(t *testing.T) {
 	if len(segs) < 5 {
 		t.Fatalf("%d segments", len(segs))
 	}
+	s.m.flushFiler()
 	kept, _ := os.ReadDir(filepath.Join(s.m.Dir(), "by-sum"))
 	if len(kept) != 20 {
 		t.Fatalf("%d retained, want 20", len(kept))
@@ -143,7 +144,7 @@ func TestCrashBeforeTheEventIsRecovered(t *testing.T) {
 	}
 	m.Close()
 	// A crash between moving the original into tmp and filing it.
-	os.WriteFile(filepath.Join(cmroot, "tmp", "1700000000000000000-1-orders-0%2F0.log"), []byte("segment bytes"), 0o644)
+	os.WriteFile(filepath.Join(cmroot, "tmp", "move-1700000000000000000-1-orders-0%2F0.log"), []byte("segment bytes"), 0o644)
 	m = New(Config{})
 	if err := m.Attach(root, cmroot); err != nil {
 		t.Fatal(err)

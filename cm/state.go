@@ -63,6 +63,9 @@ func (t tree) moveSubtree(p, q string) {
 
 // retainedEntry is the file an event retained.
 func retainedEntry(ev Event, what string) *entry {
+	if ev.Name == "" && ev.Pending != "" {
+		return &entry{Kind: KindFile, Name: ev.Pending, Size: ev.Size}
+	}
 	if ev.Name == "" {
 		return &entry{Kind: KindFile, Unknown: fmt.Sprintf("event %d (%s of %s) retained no copy", ev.ID, what, ev.Path)}
 	}
@@ -177,7 +180,7 @@ type snapshot struct {
 // needed while it was being taken.
 var ErrBusy = errors.New("the files kept changing while their state was read; try again")
 
-// stateAt returns the tree at event at (0: now), with checksums for every
+// stateAt returns the tree at event at (0: before the first event), with checksums for every
 // file under roots ("" for all). The tree is walked while changes wait
 // (briefly: names only), then the events after at are undone. Files read
 // from the tree after the walk may have changed again; when one did, the
@@ -186,6 +189,9 @@ func (m *Manager) stateAt(at uint64, roots []string) (*snapshot, error) {
 	if err := m.wait(); err != nil {
 		return nil, err
 	}
+	// Originals still waiting in tmp are filed first, so every event
+	// names its original by checksum.
+	m.flushFiler()
 	for attempt := 0; attempt < 5; attempt++ {
 		m.tree.Lock()
 		now := m.log.lastID()
@@ -193,9 +199,6 @@ func (m *Manager) stateAt(at uint64, roots []string) (*snapshot, error) {
 		m.tree.Unlock()
 		if err != nil {
 			return nil, fmt.Errorf("read the tree: %w", err)
-		}
-		if at == 0 {
-			at = now
 		}
 		if at > now {
 			return nil, fmt.Errorf("event %d has not happened yet (the newest is %d)", at, now)
@@ -207,8 +210,8 @@ func (m *Manager) stateAt(at uint64, roots []string) (*snapshot, error) {
 		if at+1 < first {
 			return nil, fmt.Errorf("events before %d have expired (--cm-retain): the tree at %d is no longer known", first, at)
 		}
-		var later []Event
-		if err := readEvents(m.log.dir, at+1, now, func(ev Event) error { later = append(later, ev); return nil }); err != nil {
+		later, err := readResolved(m.log.dir, at+1, now)
+		if err != nil {
 			return nil, err
 		}
 		for i := len(later) - 1; i >= 0; i-- {

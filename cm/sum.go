@@ -26,9 +26,9 @@ import (
 // in the same timestamp tick would not change the mtime.
 const (
 	sumXattr = "trusted.tierfs.sum"
-	// linksXattr counts the cmroot's links to a retained inode (fs reads
+	// retainedXattr marks an inode that only the cmroot links (fs reads
 	// it under the same name).
-	linksXattr = "trusted.tierfs.cmlinks"
+	retainedXattr = "trusted.tierfs.cmretained"
 	settleTime = 2 * time.Second
 )
 

@@ -2,7 +2,6 @@ package fs
 
 import (
 	"errors"
-	"strconv"
 	"strings"
 	"sync"
 	"syscall"
@@ -251,9 +250,9 @@ func (n *node) chooseMode(lf *localFile) error {
 	return nil
 }
 
-// cmLinksXattr marks an inode retained in the cmroot, with the number of
-// links the cmroot holds (cm sets it).
-const cmLinksXattr = "trusted.tierfs.cmlinks"
+// cmRetainedXattr marks an inode that only the cmroot links (cm sets it
+// when it takes a file out of the tree).
+const cmRetainedXattr = "trusted.tierfs.cmretained"
 
 // fixNlink hides the cmroot's links to a file that was deleted while
 // open: natively its link count is 0, and programs check that.
@@ -264,18 +263,12 @@ func (n *node) fixNlink(fd int, out *fuse.Attr) {
 	if _, parent := n.Parent(); parent != nil {
 		return
 	}
-	buf := make([]byte, 8)
-	sz, err := unix.Fgetxattr(fd, cmLinksXattr, buf)
-	if err != nil {
-		if !errors.Is(err, unix.EBADF) {
-			return
-		}
+	_, err := unix.Fgetxattr(fd, cmRetainedXattr, nil)
+	if errors.Is(err, unix.EBADF) {
 		// An O_PATH descriptor: through its magic link.
-		if sz, err = unix.Getxattr(procFd(fd), cmLinksXattr, buf); err != nil {
-			return
-		}
+		_, err = unix.Getxattr(procFd(fd), cmRetainedXattr, nil)
 	}
-	if k, err := strconv.Atoi(string(buf[:sz])); err == nil && k > 0 && uint32(k) <= out.Nlink {
-		out.Nlink -= uint32(k)
+	if err == nil {
+		out.Nlink = 0
 	}
 }

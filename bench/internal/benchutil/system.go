@@ -3,6 +3,7 @@ package benchutil
 import (
 	"fmt"
 	"os"
+	"runtime"
 	"os/exec"
 	"strings"
 	"syscall"
@@ -80,4 +81,14 @@ func Mount(bin, logPath string, env []string, args ...string) (unmount func(), e
 		return nil, fmt.Errorf("%w (log in %s)", err, logPath)
 	}
 	return unmount, nil
+}
+
+// Machine describes this machine for a benchmark's header: cores, memory
+// and kernel.
+func Machine() string {
+	var u unix.Utsname
+	unix.Uname(&u)
+	var si unix.Sysinfo_t
+	unix.Sysinfo(&si)
+	return fmt.Sprintf("%d cores, %.0f GiB, Linux %s, %s", runtime.NumCPU(), float64(si.Totalram)*float64(si.Unit)/(1<<30), unix.ByteSliceToString(u.Release[:]), runtime.Version())
 }

@@ -1,0 +1,188 @@
+// Command cm measures what change management costs on the paths where it
+// does work: the same workloads run, in every run, on a plain directory,
+// on a tierfs mount without cm and on mounts with --cm (with and without
+// excluding Kafka's checkpoint temporaries), and the table gives ops/s
+// and the median of the per-run ratios to the mount without cm.
+//
+// Workloads (each op is one iteration of the pattern):
+//
+//	files: create a file, write 4 KiB, rename it over another, unlink that
+//	kafka: a segment roll as a Kafka broker does it: create the next .log
+//	       (64 KiB appended), its .index (preallocated 10 MiB, 4 KiB
+//	       written, trimmed), a checkpoint written as .tmp, fsynced and
+//	       renamed over the old one; then the segment three rolls back is
+//	       renamed to .deleted and its files unlinked (retention).
+package main
+
+import (
+	"bytes"
+	"flag"
+	"fmt"
+	"os"
+	"path/filepath"
+	"strings"
+
+	"github.com/tierfs/tierfs/bench/internal/benchutil"
+)
+
+type config struct {
+	name string
+	args []string // tierfs mount flags; nil: the plain directory
+}
+
+func main() {
+	bin := flag.String("tierfs", "bin/tierfs", "tierfs binary")
+	runs := flag.Int("runs", 5, "runs")
+	ops := flag.Int("ops", 2000, "iterations of each workload per run")
+	flag.Parse()
+	work, err := os.MkdirTemp("/var/tmp", "tierfs-bench-cm-")
+	if err != nil {
+		fail(err)
+	}
+	defer os.RemoveAll(work)
+	configs := []config{
+		{"plain directory", nil},
+		{"tierfs", []string{}},
+		{"tierfs --cm", []string{"--cm"}},
+		{"tierfs --cm --cm-exclude '*.tmp'", []string{"--cm", "--cm-exclude", "*.tmp"}},
+	}
+	workloads := []struct {
+		name string
+		run  func(dir string, n int) error
+	}{{"files", files}, {"kafka", kafkaRolls}}
+	// rate[workload][config][run]
+	rate := map[string]map[string][]float64{}
+	for _, w := range workloads {
+		rate[w.name] = map[string][]float64{}
+	}
+	for r := 0; r < *runs; r++ {
+		for _, c := range configs {
+			for _, w := range workloads {
+				dir, done, err := setUp(*bin, work, c)
+				if err != nil {
+					fail(err)
+				}
+				d := benchutil.Time(func() { err = w.run(dir, *ops) })
+				done()
+				if err != nil {
+					fail(fmt.Errorf("%s on %s: %w", w.name, c.name, err))
+				}
+				ops := float64(*ops) / d.Seconds()
+				rate[w.name][c.name] = append(rate[w.name][c.name], ops)
+				fmt.Fprintf(os.Stderr, "run %d %s %s: %.0f ops/s\n", r+1, c.name, w.name, ops)
+			}
+		}
+	}
+	fmt.Printf("\n%d runs of %d ops each (medians; ratios are medians of per-run ratios to tierfs without cm); %s\n\n", *runs, *ops, benchutil.Machine())
+	fmt.Println("| configuration | files ops/s | × no cm | kafka rolls/s | × no cm |")
+	fmt.Println("|---|---|---|---|---|")
+	for _, c := range configs {
+		var row []string
+		for _, w := range workloads {
+			xs := rate[w.name][c.name]
+			var ratios []float64
+			for i, x := range xs {
+				ratios = append(ratios, x/rate[w.name]["tierfs"][i])
+			}
+			row = append(row, fmt.Sprintf("%.0f | %.2f", benchutil.Median(xs), benchutil.Median(ratios)))
+		}
+		fmt.Printf("| %s | %s |\n", c.name, strings.Join(row, " | "))
+	}
+}
+
+// setUp makes a fresh directory for one measurement: the plain one, or a
+// mount of a fresh backing dir with the config's flags.
+func setUp(bin, work string, c config) (dir string, done func(), err error) {
+	base, err := os.MkdirTemp(work, "run-")
+	if err != nil {
+		return "", nil, err
+	}
+	if c.args == nil {
+		return base, func() { os.RemoveAll(base) }, nil
+	}
+	backing, mnt := filepath.Join(base, "backing"), filepath.Join(base, "mnt")
+	os.Mkdir(backing, 0o755)
+	os.Mkdir(mnt, 0o755)
+	args := append(append([]string{"--backing", backing}, c.args...), mnt)
+	unmount, err := benchutil.Mount(bin, filepath.Join(base, "log"), nil, args...)
+	if err != nil {
+		return "", nil, err
+	}
+	return mnt, func() { unmount(); os.RemoveAll(base) }, nil
+}
+
+func files(dir string, n int) error {
+	buf := bytes.Repeat([]byte("x"), 4096)
+	if err := os.WriteFile(filepath.Join(dir, "target"), buf, 0o644); err != nil {
+		return err
+	}
+	for i := 0; i < n; i++ {
+		p := filepath.Join(dir, fmt.Sprintf("f%d", i))
+		buf[0] = byte(i)
+		if err := os.WriteFile(p, buf, 0o644); err != nil {
+			return err
+		}
+		if err := os.Rename(p, filepath.Join(dir, "target")); err != nil {
+			return err
+		}
+		if i%2 == 1 {
+			if err := os.Remove(filepath.Join(dir, "target")); err != nil {
+				return err
+			}
+		}
+	}
+	return nil
+}
+
+func kafkaRolls(dir string, n int) error {
+	part := filepath.Join(dir, "orders-0")
+	if err := os.Mkdir(part, 0o755); err != nil {
+		return err
+	}
+	batch := bytes.Repeat([]byte("record"), 64<<10/6)
+	entry := make([]byte, 4096)
+	cp := filepath.Join(dir, "recovery-point-offset-checkpoint")
+	for i := 0; i < n; i++ {
+		base := filepath.Join(part, fmt.Sprintf("%020d", i*1000))
+		batch[0] = byte(i) // every segment different, as in a real log
+		if err := os.WriteFile(base+".log", batch, 0o644); err != nil {
+			return err
+		}
+		ix, err := os.OpenFile(base+".index", os.O_RDWR|os.O_CREATE, 0o644)
+		if err != nil {
+			return err
+		}
+		ix.Truncate(10 << 20)
+		entry[0] = byte(i)
+		ix.WriteAt(entry, 0)
+		ix.Truncate(4096)
+		ix.Close()
+		tmp, err := os.Create(cp + ".tmp")
+		if err != nil {
+			return err
+		}
+		fmt.Fprintf(tmp, "0\n1\norders 0 %d\n", i*1000)
+		tmp.Sync()
+		tmp.Close()
+		if err := os.Rename(cp+".tmp", cp); err != nil {
+			return err
+		}
+		if i >= 3 {
+			old := filepath.Join(part, fmt.Sprintf("%020d", (i-3)*1000))
+			for _, ext := range []string{".log", ".index"} {
+				if err := os.Rename(old+ext, old+ext+".deleted"); err != nil {
+					return err
+				}
+				if err := os.Remove(old + ext + ".deleted"); err != nil {
+					return err
+				}
+			}
+		}
+	}
+	return nil
+}
+
+func fail(err error) {
+	fmt.Fprintln(os.Stderr, "bench/cm:", err)
+	os.Exit(1)
+}

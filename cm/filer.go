@@ -1,0 +1,286 @@
+package cm
+
+import (
+	"errors"
+	"net/url"
+	"os"
+	"path/filepath"
+	"strings"
+	"sync"
+	"time"
+
+	"golang.org/x/sys/unix"
+)
+
+// The filer names retained originals by checksum after their change is
+// done: a change through the mount costs one rename (or link, or sparse
+// copy) and one event, and the hashing happens here, off the request's
+// path. Each original waits in tmp/ (its event's Pending) until the filer
+// links it as by-sum/<sum> and files/<path>_<sum> (or finds the content
+// already retained) and records an EvFiled event that completes the
+// original event.
+
+type fileJob struct {
+	id       uint64
+	tmp, rel string
+	at       time.Time // of the event
+}
+
+// filer is the queue of originals to file.
+type filer struct {
+	mu      sync.Mutex
+	cond    *sync.Cond
+	queue   []fileJob // GUARDED_BY(mu)
+	busy    bool      // GUARDED_BY(mu)
+	closing bool      // GUARDED_BY(mu)
+}
+
+// maxQueue bounds the originals waiting to be filed; past it a change
+// waits for the filer (each waiting original is a few hundred bytes of
+// memory, and its file in tmp/).
+const maxQueue = 10000
+
+// captured records ev and, when it retained an original, queues it for
+// filing.
+func (m *Manager) captured(ev Event) {
+	id, at := m.record(ev)
+	if ev.Pending == "" || id == 0 {
+		return
+	}
+	m.markDirty(filepath.Join(m.dir, ev.Pending), filepath.Join(m.dir, "tmp"))
+	f := &m.filer
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	for len(f.queue) >= maxQueue {
+		f.cond.Wait()
+	}
+	f.queue = append(f.queue, fileJob{id: id, tmp: ev.Pending, rel: retainedPath(ev), at: at})
+	f.cond.Broadcast()
+}
+
+// retainedPath is the tree path of the original an event retained.
+func retainedPath(ev Event) string {
+	if ev.Type == EvRename {
+		return ev.To
+	}
+	return ev.Path
+}
+
+func (m *Manager) fileLoop() {
+	defer m.wg.Done()
+	f := &m.filer
+	for {
+		f.mu.Lock()
+		for len(f.queue) == 0 && !f.closing {
+			f.cond.Wait()
+		}
+		if len(f.queue) == 0 {
+			f.mu.Unlock()
+			return
+		}
+		j := f.queue[0]
+		f.queue = f.queue[1:]
+		f.busy = true
+		f.mu.Unlock()
+		m.fileOne(j)
+		f.mu.Lock()
+		f.busy = false
+		f.cond.Broadcast()
+		f.mu.Unlock()
+	}
+}
+
+// flushFiler waits until every queued original is filed.
+func (m *Manager) flushFiler() {
+	f := &m.filer
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	for len(f.queue) > 0 || f.busy {
+		f.cond.Wait()
+	}
+}
+
+// fileOne names one original by its checksum. On failure the original
+// stays in tmp and is filed at the next start.
+func (m *Manager) fileOne(j fileJob) {
+	full := filepath.Join(m.dir, j.tmp)
+	sum, size, err := m.sumFile(full)
+	var name string
+	if err == nil {
+		name, err = m.keep(full, j.rel, sum, j.at)
+	}
+	if err != nil {
+		m.stats.Errors.Add(1)
+		m.cfg.Log.Error("cm: retained original not filed; it stays in tmp until the next start", "path", j.rel, "tmp", j.tmp, "err", err)
+		return
+	}
+	// The record first, then tmp goes: a crash in between leaves a tmp
+	// name that a filed event names, which recovery removes.
+	m.record(Event{Type: EvFiled, Ref: j.id, Path: j.rel, Sum: sum, Name: name, Size: size})
+	os.Remove(full)
+}
+
+// keep files the original at full (whose checksum is sum) under rel and
+// returns the cmroot name its content is kept under. Content already
+// retained is kept once.
+func (m *Manager) keep(full, rel, sum string, at time.Time) (string, error) {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	if rc, ok := m.retained[sum]; ok {
+		if _, err := os.Lstat(filepath.Join(m.dir, "by-sum", sum)); err == nil {
+			if at.After(rc.last) {
+				rc.last = at
+			}
+			m.stats.Deduplicated.Add(1)
+			return rc.name, nil
+		}
+	}
+	name := "files/" + rel + "_" + sum
+	dst := filepath.Join(m.dir, name)
+	if err := os.MkdirAll(filepath.Dir(dst), 0o700); err != nil {
+		return "", err
+	}
+	// by-sum first: it is what says the content is retained.
+	if err := os.Link(full, filepath.Join(m.dir, "by-sum", sum)); err != nil && !errors.Is(err, os.ErrExist) {
+		return "", err
+	}
+	if err := os.Link(full, dst); err != nil && !errors.Is(err, os.ErrExist) {
+		return "", err
+	}
+	var st unix.Stat_t
+	unix.Lstat(dst, &st)
+	rc := &retainedCopy{name: name, bytes: st.Blocks * 512, last: at}
+	m.retained[sum] = rc
+	m.bytes += rc.bytes
+	m.stats.RetainedFiles.Add(1)
+	m.stats.RetainedBytes.Add(st.Size)
+	m.dirty[filepath.Join(m.dir, "by-sum")] = true
+	m.dirty[filepath.Dir(dst)] = true
+	return name, nil
+}
+
+// markDirty notes files and directories of the cmroot to sync with the
+// event log.
+func (m *Manager) markDirty(paths ...string) {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	for _, p := range paths {
+		m.dirty[p] = true
+	}
+}
+
+// syncAll makes what the cmroot gained durable, then the event log, so a
+// machine crash loses at most the last sync interval of both together.
+func (m *Manager) syncAll() error {
+	m.mu.Lock()
+	dirty := m.dirty
+	m.dirty = map[string]bool{}
+	m.mu.Unlock()
+	for p := range dirty {
+		f, err := os.Open(p)
+		if err != nil {
+			continue // filed and gone since
+		}
+		f.Sync()
+		f.Close()
+	}
+	return m.log.sync()
+}
+
+// readResolved returns the events from..to (filed records left out,
+// each merged into the event it completes).
+func readResolved(dir string, from, to uint64) ([]Event, error) {
+	var out []Event
+	filed := map[uint64]Event{}
+	err := readEvents(dir, from, ^uint64(0), func(ev Event) error {
+		if ev.Type == EvFiled {
+			filed[ev.Ref] = ev
+		} else if ev.ID <= to {
+			out = append(out, ev)
+		}
+		return nil
+	})
+	for i := range out {
+		if f, ok := filed[out[i].ID]; ok {
+			out[i].Sum, out[i].Name, out[i].Pending = f.Sum, f.Name, ""
+		}
+	}
+	return out, err
+}
+
+// recoverTmp deals with what a crash left in tmp: originals whose event
+// was recorded are filed; an original moved out of the tree whose event
+// was not is filed with a recovered delete event; a link or copy whose
+// change did not happen is removed.
+func (m *Manager) recoverTmp() error {
+	waiting := map[string]Event{}
+	filed := map[uint64]bool{}
+	err := readEvents(m.log.dir, 0, ^uint64(0), func(ev Event) error {
+		if ev.Type == EvFiled {
+			filed[ev.Ref] = true
+		} else if ev.Pending != "" {
+			waiting[ev.Pending] = ev
+		}
+		return nil
+	})
+	if err != nil {
+		return err
+	}
+	ents, err := os.ReadDir(filepath.Join(m.dir, "tmp"))
+	if err != nil {
+		return err
+	}
+	for _, e := range ents {
+		name := "tmp/" + e.Name()
+		full := filepath.Join(m.dir, name)
+		if ev, ok := waiting[name]; ok {
+			delete(waiting, name)
+			if !filed[ev.ID] {
+				m.fileOne(fileJob{id: ev.ID, tmp: name, rel: retainedPath(ev), at: time.Unix(0, ev.TimeNs)})
+				continue
+			}
+		}
+		how, rel := parseTmpName(e.Name())
+		if !e.Type().IsRegular() || rel == "" || (how != tmpMove && !m.replacedInTree(full, rel, how)) {
+			os.RemoveAll(full) // filed already, or its change never happened
+			continue
+		}
+		var st unix.Stat_t
+		unix.Lstat(full, &st)
+		id, at := m.record(Event{Type: EvDelete, Kind: KindFile, Path: rel, Recovered: true, Pending: name, Size: st.Size})
+		m.fileOne(fileJob{id: id, tmp: name, rel: rel, at: at})
+		m.cfg.Log.Warn("cm: an original retained just before a crash was filed; its event is marked recovered", "path", rel)
+	}
+	for name, ev := range waiting {
+		if !filed[ev.ID] {
+			m.cfg.Log.Error("cm: an event's retained original is missing from tmp; that version cannot be restored", "event", ev.ID, "path", ev.Path, "tmp", name)
+		}
+	}
+	return nil
+}
+
+// replacedInTree says whether the original linked into tmp (how is
+// tmpLink) was replaced in the tree by the rename it was taken for.
+// Copies are taken before their change, whose event would name them.
+func (m *Manager) replacedInTree(full, rel, how string) bool {
+	if how != tmpLink {
+		return false
+	}
+	var kept, now unix.Stat_t
+	if unix.Lstat(full, &kept) != nil {
+		return false
+	}
+	if unix.Lstat(filepath.Join(m.root, rel), &now) != nil {
+		return true
+	}
+	return !sameInode(&kept, &now)
+}
+
+func parseTmpName(n string) (how, rel string) {
+	parts := strings.SplitN(n, "-", 4)
+	if len(parts) != 4 {
+		return "", ""
+	}
+	rel, _ = url.PathUnescape(parts[3])
+	return parts[0], rel
+}
