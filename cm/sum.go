@@ -29,7 +29,7 @@ const (
 	// retainedXattr marks an inode that only the cmroot links (fs reads
 	// it under the same name).
 	retainedXattr = "trusted.tierfs.cmretained"
-	settleTime = 2 * time.Second
+	settleTime    = 2 * time.Second
 )
 
 // SumLen is the length of a checksum in hex.

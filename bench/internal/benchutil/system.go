@@ -3,8 +3,8 @@ package benchutil
 import (
 	"fmt"
 	"os"
-	"runtime"
 	"os/exec"
+	"runtime"
 	"strings"
 	"syscall"
 	"time"
