@@ -81,6 +81,7 @@ type Manager struct {
 	dirty    map[string]bool          // cmroot paths to sync with the log; GUARDED_BY(mu)
 
 	filer filer
+	bufs  sync.Pool // of hash buffers
 
 	stats Stats
 	stop  chan struct{}

@@ -362,7 +362,7 @@ func hasSum(pfd int, base, sum string, now time.Time) (bool, error) {
 	if s, ok := cachedSum(fd); ok {
 		return s == sum, nil
 	}
-	s, err := hashReader(f, -1)
+	s, err := hashReader(f, -1, nil)
 	if err != nil {
 		return false, err
 	}

@@ -297,7 +297,7 @@ func (m *Manager) sumPrefix(path string, n int64) (string, error) {
 		return "", err
 	}
 	defer done()
-	return hashReader(r, n)
+	return m.hash(r, n)
 }
 
 // paths lists the snapshot's paths under its roots, sorted (parents

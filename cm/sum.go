@@ -79,12 +79,14 @@ func cacheSum(fd int, sum string, now time.Time) {
 }
 
 // hashReader is the SHA-256 of the first n bytes of r (all when n < 0).
-func hashReader(r io.Reader, n int64) (string, error) {
+func hashReader(r io.Reader, n int64, buf []byte) (string, error) {
 	h := sha256.New()
 	if n >= 0 {
 		r = io.LimitReader(r, n)
 	}
-	buf := make([]byte, 1<<20)
+	if buf == nil {
+		buf = make([]byte, 256<<10)
+	}
 	got, err := io.CopyBuffer(h, r, buf)
 	if err != nil {
 		return "", err
@@ -145,12 +147,25 @@ func (m *Manager) sumFile(path string) (string, int64, error) {
 		return "", 0, err
 	}
 	defer done()
-	s, err := hashReader(r, st.Size)
+	s, err := m.hash(r, st.Size)
 	if err != nil {
 		return "", 0, fmt.Errorf("checksum of %s: %w", path, err)
 	}
 	cacheSum(int(f.Fd()), s, m.cfg.Now())
 	return s, st.Size, nil
+}
+
+// hash is hashReader with a reused 256 KiB buffer: most retained files,
+// checkpoints and indexes, are small, and a fresh large buffer per file
+// cost more than hashing them.
+func (m *Manager) hash(r io.Reader, n int64) (string, error) {
+	b, _ := m.bufs.Get().(*[]byte)
+	if b == nil {
+		s := make([]byte, 256<<10)
+		b = &s
+	}
+	defer m.bufs.Put(b)
+	return hashReader(r, n, *b)
 }
 
 // CacheSum computes and caches the checksum of the local file at path. The
@@ -165,7 +180,7 @@ func (m *Manager) CacheSum(path string) error {
 	if _, ok := cachedSum(int(f.Fd())); ok {
 		return nil
 	}
-	s, err := hashReader(f, -1)
+	s, err := m.hash(f, -1)
 	if err != nil {
 		return err
 	}

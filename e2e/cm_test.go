@@ -1,6 +1,7 @@
 package e2e
 
 import (
+	"context"
 	"crypto/sha256"
 	"encoding/json"
 	"fmt"
@@ -15,6 +16,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/tierfs/tierfs/e2e/kafka"
 	"github.com/tierfs/tierfs/idx/kafka/kafkatest"
 )
 
@@ -258,4 +260,89 @@ func TestCMUndeleteEvictedPartition(t *testing.T) {
 	if out, code := tierfs(t, nil, "cm", "restore", filepath.Join(mnt, "nothing-0")); code == 0 || !strings.Contains(out, "no retained event") {
 		t.Fatalf("restore of an unknown path: %d %s", code, out)
 	}
+}
+
+// TestKafkaChangeManagement: a broker on a mount with --cm and tiering.
+// Its rolls, index trims, checkpoint renames and deletions are captured
+// without the broker noticing; then the topic is deleted (the broker
+// renames the partition dir to *-delete and removes it), and cm restore
+// brings the partition back, evicted segments included, read from the
+// store: every segment as produced, and valid by tierfs index verify.
+func TestKafkaChangeManagement(t *testing.T) {
+	requireKafka(t)
+	r := remotes(t)[0]
+	dir, backing, mnt := mountDirs(t)
+	m := startMount(t, r.env, "--backing", backing, "--remote", r.url, "--ship-after", "2s",
+		"--local-retention-bytes", "1", "--tier-interval", "500ms", "--cm", "--cm-exclude", "*.tmp", mnt)
+	br := startBroker(t, mnt, map[string]string{"file.delete.delay.ms": "1000"})
+	const n = 20000
+	s := kafka.Stream{Topic: "events", Size: 1000}
+	createTopic(t, br, s.Topic, nil)
+	produce(t, br, s, 0, n)
+	part := filepath.Join(mnt, s.Topic+"-0")
+	waitEvicted(t, part, 10, m)
+	if got := consumeAll(t, br, s, n); got.Records != n {
+		t.Fatalf("consumed %d records, want %d", got.Records, n)
+	}
+	logs := map[string]string{}
+	for p, sum := range tree(t, part) {
+		if strings.HasSuffix(p, ".log") {
+			logs[p] = sum
+		}
+	}
+	evs, code := tierfs(t, nil, "cm", "ls", "--limit", "0", mnt)
+	if code != 0 {
+		t.Fatalf("cm ls: %s", evs)
+	}
+	for _, want := range []string{"create", "write", "truncate", "rename"} {
+		if !strings.Contains(evs, " "+want+" ") {
+			t.Errorf("no %s event from the broker:\n%s", want, evs)
+		}
+	}
+	counts := map[string]int{}
+	for _, line := range strings.Split(evs, "\n")[1:] {
+		if f := strings.Fields(line); len(f) > 2 {
+			counts[f[2]]++
+		}
+	}
+	t.Logf("events from the broker by type: %v", counts)
+	for _, line := range strings.Split(evs, "\n") {
+		// A .tmp file renamed over a checkpoint is the rename's source;
+		// nothing else may name an excluded path.
+		if strings.Contains(line, ".tmp") && !strings.Contains(line, ".tmp -> ") {
+			t.Errorf("an excluded .tmp path has an event: %s", line)
+		}
+	}
+
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	if _, err := admin(t, br).DeleteTopics(ctx, s.Topic); err != nil {
+		t.Fatal(err)
+	}
+	waitFor(t, 2*time.Minute, "partition dir deleted", func() bool {
+		ents, _ := os.ReadDir(mnt)
+		for _, e := range ents {
+			if strings.HasPrefix(e.Name(), s.Topic+"-0") {
+				return false
+			}
+		}
+		return true
+	}, m.Log)
+	time.Sleep(2 * time.Second) // tiering passes that would delete objects
+	if objs := logObjects(t, r.url, r.env, s.Topic+"-0"); objs == 0 {
+		t.Fatalf("the deleted topic's objects left the store although cm retains its segments\n%s", m.Log())
+	}
+
+	out := filepath.Join(dir, "restored")
+	if o, code := tierfs(t, nil, "cm", "restore", "--to", out, part); code != 0 {
+		t.Fatalf("cm restore: %s\n%s", o, m.Log())
+	}
+	got := tree(t, filepath.Join(out, s.Topic+"-0"))
+	for p, sum := range logs {
+		if got[p] != sum {
+			t.Errorf("restored %s differs from the segment before the delete", p)
+		}
+	}
+	t.Logf("restored %d segments of the deleted topic; %d verify", len(logs), verifySegments(t, filepath.Join(out, s.Topic+"-0")))
+	noProblems(t, br)
 }

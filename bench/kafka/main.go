@@ -15,6 +15,7 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"regexp"
 	"strings"
 	"time"
 
@@ -31,6 +32,7 @@ func main() {
 	runs := flag.Int("runs", 3, "runs (topics) per configuration")
 	segmentBytes := flag.String("segment-bytes", "16MiB", "log.segment.bytes (the e2e tests use 1MiB; Kafka's default is 1GiB)")
 	flushMs := flag.Int64("flush-ms", 0, "log.flush.interval.ms, a forced fsync this often (0: Kafka's default, none; the e2e tests use 1000)")
+	only := flag.String("only", "", "run only the configurations whose name matches this regexp (the plain directory always runs)")
 	flag.Parse()
 	segBytes, err := benchutil.ParseSize(*segmentBytes)
 	check(err)
@@ -55,9 +57,24 @@ func main() {
 	configs := []config{
 		{name: "plain directory"},
 		{name: "tierfs, no remote", mount: []string{}},
+		// Change management retains every checkpoint replaced, index
+		// trimmed and segment deleted, and logs every create and write.
+		{name: "tierfs --cm, no remote", mount: []string{"--cm"}},
+		{name: "tierfs --cm --cm-sync-interval 1h, no remote", mount: []string{"--cm", "--cm-sync-interval", "1h"}},
 		{name: "tierfs --remote (dir store), evicted", remote: true, mount: []string{
 			"--remote", "file://" + filepath.Join(dir, "remote"), "--ship-after", "1s",
 			"--local-retention-bytes", "1", "--tier-interval", "500ms"}},
+	}
+	if *only != "" {
+		re, err := regexp.Compile(*only)
+		check(err)
+		kept := configs[:1]
+		for _, c := range configs[1:] {
+			if re.MatchString(c.name) {
+				kept = append(kept, c)
+			}
+		}
+		configs = kept
 	}
 	type setup struct {
 		config

@@ -28,6 +28,7 @@ func cmFlags() []cli.Flag {
 		&cli.StringFlag{Name: "cm-root", Usage: "keep retained originals and the event log here (implies --cm; default: the state dir, .tierfs/cm in the backing dir)", EnvVars: []string{"TIERFS_CM_ROOT"}},
 		&cli.DurationFlag{Name: "cm-retain", Value: 24 * time.Hour, Usage: "keep retained originals and events this long", EnvVars: []string{"TIERFS_CM_RETAIN"}},
 		&cli.StringFlag{Name: "cm-max-bytes", Value: "0", Usage: "keep at most this much of retained originals, oldest go first, e.g. 100GiB (0: no cap)", EnvVars: []string{"TIERFS_CM_MAX_BYTES"}},
+		&cli.DurationFlag{Name: "cm-sync-interval", Value: time.Second, Usage: "sync the event log and the cmroot this often (an event reaches the kernel at once: a crash of tierfs loses none; a crash of the machine loses at most this much)", EnvVars: []string{"TIERFS_CM_SYNC_INTERVAL"}},
 		&cli.StringSliceFlag{Name: "cm-exclude", Usage: "do not track paths matching this glob (a glob without / matches the file name), e.g. '*.tmp'; repeatable", EnvVars: []string{"TIERFS_CM_EXCLUDE"}},
 	}
 }
@@ -48,11 +49,12 @@ func newChanges(c *cli.Context, remote *remoteFiles) (*cm.Manager, error) {
 		}
 	}
 	cfg := cm.Config{
-		Retain:   c.Duration("cm-retain"),
-		MaxBytes: maxBytes,
-		Exclude:  c.StringSlice("cm-exclude"),
-		Hide:     fs.StateDirName,
-		Remote:   remote,
+		Retain:       c.Duration("cm-retain"),
+		SyncInterval: c.Duration("cm-sync-interval"),
+		MaxBytes:     maxBytes,
+		Exclude:      c.StringSlice("cm-exclude"),
+		Hide:         fs.StateDirName,
+		Remote:       remote,
 	}
 	return cm.New(cfg), nil
 }
