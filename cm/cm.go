@@ -144,6 +144,30 @@ func (m *Manager) Attach(root, dir string) error {
 // Stats returns the counters.
 func (m *Manager) Stats() *Stats { return &m.stats }
 
+// Retained is how many originals the cmroot holds and the bytes they
+// take on disk.
+func (m *Manager) Retained() (files int, bytes int64) {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	return len(m.retained), m.bytes
+}
+
+// Flush files every original waiting and syncs the log and the cmroot.
+func (m *Manager) Flush() error {
+	if err := m.wait(); err != nil {
+		return err
+	}
+	m.flushFiler()
+	return m.syncAll()
+}
+
+// Pending is how many originals wait to be filed.
+func (m *Manager) Pending() int {
+	m.filer.mu.Lock()
+	defer m.filer.mu.Unlock()
+	return len(m.filer.queue)
+}
+
 // Dir is the cmroot and Root the tree, as this process reaches them.
 func (m *Manager) Dir() string  { return m.dir }
 func (m *Manager) Root() string { return m.root }

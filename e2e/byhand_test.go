@@ -127,3 +127,61 @@ func TestByHandAndDeletions(t *testing.T) {
 		})
 	}
 }
+
+// TestUmountWaitsForTransfers: tierfs umount lets a transfer under way
+// finish (and starts no new one), refuses when it does not finish in
+// --wait, and --force unmounts at once.
+func TestUmountWaitsForTransfers(t *testing.T) {
+	requireRoot(t)
+	r := remotes(t)[0]
+	_, backing, mnt := mountDirs(t)
+	bases, err := kafkatest.LogDir{Topic: "orders", Partitions: 1, Segments: 4, Batches: 200, Records: 16, ValueSize: 1000, Unflushed: 1, Age: time.Hour}.Write(backing)
+	if err != nil {
+		t.Fatal(err)
+	}
+	// About 3 MB at 1 MiB/s: a ship takes ~3 s.
+	m := startMount(t, r.env, "--backing", backing, "--remote", r.url, "--ship-after", "1000h", "--ship-rate", "1MiB", mnt)
+	seg := filepath.Join(mnt, "orders-0", fmt.Sprintf("%020d.log", bases["orders-0"][0]))
+	shipped := make(chan string, 1)
+	go func() {
+		out, _ := exec.Command(tierfsBin, "ship", seg).CombinedOutput()
+		shipped <- string(out)
+	}()
+	waitFor(t, 20*time.Second, "the ship under way", func() bool { return state(seg) == "shipping" }, m.Log)
+	out, code := tierfs(t, nil, "umount", "--wait", "200ms", mnt)
+	if code != 1 || !strings.Contains(out, "transfers still under way") || !strings.Contains(out, "--force") {
+		t.Fatalf("umount during a transfer with --wait 200ms: %d %s", code, out)
+	}
+	if !isMount(mnt) {
+		t.Fatal("unmounted although it refused")
+	}
+	out, code = tierfs(t, nil, "umount", "--wait", "1m", mnt)
+	if code != 0 {
+		t.Fatalf("umount --wait 1m: %d %s\n%s", code, out, m.Log())
+	}
+	if got := <-shipped; !strings.Contains(got, ": shipped") {
+		t.Fatalf("the transfer under way did not finish: %s", got)
+	}
+	select {
+	case <-m.done:
+	case <-time.After(20 * time.Second):
+		t.Fatal("the mount process did not exit")
+	}
+	// --force does not wait.
+	m = startMount(t, r.env, "--backing", backing, "--remote", r.url, "--ship-after", "1000h", "--ship-rate", "1MiB", mnt)
+	seg1 := filepath.Join(mnt, "orders-0", fmt.Sprintf("%020d.log", bases["orders-0"][1]))
+	go exec.Command(tierfsBin, "ship", seg1).Run()
+	waitFor(t, 20*time.Second, "the second ship under way", func() bool { return state(seg1) == "shipping" }, m.Log)
+	start := time.Now()
+	if out, code := tierfs(t, nil, "umount", "--force", mnt); code != 0 {
+		t.Fatalf("umount --force: %d %s", code, out)
+	}
+	if d := time.Since(start); d > 2*time.Second {
+		t.Errorf("umount --force took %v", d)
+	}
+}
+
+func isMount(p string) bool {
+	b, _ := os.ReadFile("/proc/self/mountinfo")
+	return strings.Contains(string(b), " "+p+" ")
+}

@@ -19,6 +19,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus/promhttp"
 
 	"github.com/tierfs/tierfs/chunkxfer"
+	"github.com/tierfs/tierfs/cm"
 	"github.com/tierfs/tierfs/tiering"
 )
 
@@ -56,6 +57,30 @@ func Registry(t Tiering, cache *chunkxfer.Cache, log *slog.Logger) *prometheus.R
 			func() float64 { return float64(cache.UsedBytes()) }))
 	}
 	return reg
+}
+
+// CM is what the metrics read from change management.
+type CM interface {
+	Stats() *cm.Stats
+	Retained() (files int, bytes int64)
+	Pending() int
+}
+
+// RegisterCM adds change management's metrics to reg.
+func RegisterCM(reg *prometheus.Registry, c CM) {
+	s := c.Stats()
+	counter(reg, "tierfs_cm_events_total", "Change management events recorded (creates, writes, renames, truncates, deletes).", s.Events.Load)
+	counter(reg, "tierfs_cm_retained_files_total", "Originals retained in the cmroot (content not retained before).", s.RetainedFiles.Load)
+	counter(reg, "tierfs_cm_retained_bytes_total", "Bytes of originals retained in the cmroot.", s.RetainedBytes.Load)
+	counter(reg, "tierfs_cm_deduplicated_total", "Originals whose content was already retained (kept once).", s.Deduplicated.Load)
+	counter(reg, "tierfs_cm_expired_total", "Retained originals removed by retention (--cm-retain, --cm-max-bytes).", s.Expired.Load)
+	counter(reg, "tierfs_cm_errors_total", "Changes refused because their original could not be retained, and events or originals not recorded.", s.Errors.Load)
+	reg.MustRegister(prometheus.NewGaugeFunc(prometheus.GaugeOpts{Name: "tierfs_cm_bytes", Help: "Disk space the retained originals take."},
+		func() float64 { _, b := c.Retained(); return float64(b) }))
+	reg.MustRegister(prometheus.NewGaugeFunc(prometheus.GaugeOpts{Name: "tierfs_cm_files", Help: "Retained originals in the cmroot."},
+		func() float64 { f, _ := c.Retained(); return float64(f) }))
+	reg.MustRegister(prometheus.NewGaugeFunc(prometheus.GaugeOpts{Name: "tierfs_cm_pending_files", Help: "Originals waiting to be named by checksum."},
+		func() float64 { return float64(c.Pending()) }))
 }
 
 func counter(reg *prometheus.Registry, name, help string, load func() int64) {

@@ -7,15 +7,18 @@ import (
 	"log/slog"
 	"net"
 	"net/http"
+	"os"
 	"path/filepath"
 	"strings"
 	"testing"
 	"time"
 
 	"github.com/hanwen/go-fuse/v2/fuse"
+	"golang.org/x/sys/unix"
 
 	"github.com/tierfs/tierfs/chunkxfer"
 	"github.com/tierfs/tierfs/chunkxfer/store"
+	"github.com/tierfs/tierfs/cm"
 	"github.com/tierfs/tierfs/idx/kafka/kafkatest"
 	"github.com/tierfs/tierfs/tiering"
 )
@@ -162,5 +165,64 @@ func TestFUSEOps(t *testing.T) {
 	}
 	if fmt.Sprint(got) != fmt.Sprint(want) {
 		t.Errorf("got %v\nwant %v", got, want)
+	}
+}
+
+// TestMetricsOfChangeManagement: a file deleted and another replaced by a
+// rename show up as events, retained files and bytes.
+func TestMetricsOfChangeManagement(t *testing.T) {
+	root, cmroot := t.TempDir(), t.TempDir()
+	m := cm.New(cm.Config{})
+	if err := m.Attach(root, cmroot); err != nil {
+		t.Fatal(err)
+	}
+	defer m.Close()
+	for _, f := range []string{"a", "b", "c"} {
+		os.WriteFile(filepath.Join(root, f), []byte(strings.Repeat(f, 5000)), 0o644)
+	}
+	dfd, err := unix.Open(root, unix.O_PATH|unix.O_DIRECTORY, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer unix.Close(dfd)
+	leave, _ := m.Enter()
+	if err := m.Unlink(dfd, "a", "a"); err != nil {
+		t.Fatal(err)
+	}
+	if err := m.Rename(dfd, "b", "b", dfd, "c", "c", 0); err != nil {
+		t.Fatal(err)
+	}
+	leave()
+	reg := Registry(nil, nil, slog.New(slog.DiscardHandler))
+	RegisterCM(reg, m)
+	m.Events("", 0, time.Time{}, 0) // waits for the filer
+	mfs, err := reg.Gather()
+	if err != nil {
+		t.Fatal(err)
+	}
+	got := map[string]float64{}
+	for _, mf := range mfs {
+		for _, mt := range mf.GetMetric() {
+			if c := mt.GetCounter(); c != nil {
+				got[mf.GetName()] = c.GetValue()
+			} else if g := mt.GetGauge(); g != nil {
+				got[mf.GetName()] = g.GetValue()
+			}
+		}
+	}
+	for name, want := range map[string]float64{
+		"tierfs_cm_events_total":         4, // 2 changes, 2 filed records
+		"tierfs_cm_retained_files_total": 2,
+		"tierfs_cm_retained_bytes_total": 10000,
+		"tierfs_cm_files":                2,
+		"tierfs_cm_errors_total":         0,
+		"tierfs_cm_pending_files":        0,
+	} {
+		if got[name] != want {
+			t.Errorf("%s = %v, want %v", name, got[name], want)
+		}
+	}
+	if got["tierfs_cm_bytes"] < 8192 {
+		t.Errorf("tierfs_cm_bytes = %v", got["tierfs_cm_bytes"])
 	}
 }

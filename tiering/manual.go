@@ -19,6 +19,10 @@ var ErrNotEligible = errors.New("not safe to ship")
 // safe to ship must hold (rolled, flushed, committed, indexes trimmed, no
 // older version in the store). It returns the segment's state after.
 func (t *Tierer) ShipNow(ctx context.Context, rel string, progress chunkxfer.Progress) (string, error) {
+	if err := t.begin(); err != nil {
+		return "", err
+	}
+	defer t.end()
 	seg, err := t.findSegment(rel)
 	if err != nil {
 		return "", err
@@ -52,6 +56,10 @@ func (t *Tierer) ShipNow(ctx context.Context, rel string, progress chunkxfer.Pro
 // EvictNow frees the local bytes of the segment rel now, shipping it
 // first if it is not shipped yet.
 func (t *Tierer) EvictNow(ctx context.Context, rel string, progress chunkxfer.Progress) (string, error) {
+	if err := t.begin(); err != nil {
+		return "", err
+	}
+	defer t.end()
 	st, err := t.ShipNow(ctx, rel, progress)
 	if err != nil || st == StateRemote {
 		return st, err

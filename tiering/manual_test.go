@@ -103,3 +103,50 @@ func TestTotalRetention(t *testing.T) {
 		t.Fatalf("second pass evicted more: %+v", rep)
 	}
 }
+
+// TestDrainWaitsForTransfers: Drain (tierfs umount) waits for a transfer
+// under way, refuses new ones meanwhile, and Undrain lets them start again.
+func TestDrainWaitsForTransfers(t *testing.T) {
+	root, bases, _ := logDir(t)
+	s := store.NewMem(nil)
+	s.Inject(store.Fault{Latency: 40 * time.Millisecond}) // every store call is slow
+	tr, err := New(Config{Root: root, StateDir: filepath.Join(root, ".tierfs"), Store: s, Policy: Policy{ShipAfter: 1000 * time.Hour}, ChunkSize: 64 << 10, ShipRate: 1 << 40})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer tr.Close()
+	rel := "orders-0/" + kafkaName(bases["orders-0"][0], ".log")
+	shipped := make(chan error, 1)
+	go func() { _, err := tr.ShipNow(context.Background(), rel, nil); shipped <- err }()
+	for tr.Active() == 0 {
+		time.Sleep(time.Millisecond)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	was, err := tr.Drain(ctx)
+	if err != nil || was != 1 {
+		t.Fatalf("drain: %d under way, %v", was, err)
+	}
+	select {
+	case err := <-shipped:
+		if err != nil {
+			t.Fatalf("the transfer under way failed: %v", err)
+		}
+	default:
+		t.Fatal("Drain returned before the transfer under way was done")
+	}
+	if st, _, _ := tr.State(filepath.Join(root, rel)); st != StateShipped {
+		t.Fatalf("state after drain: %s", st)
+	}
+	rel1 := "orders-0/" + kafkaName(bases["orders-0"][1], ".log")
+	if _, err := tr.ShipNow(context.Background(), rel1, nil); !errors.Is(err, ErrDraining) {
+		t.Fatalf("ship while drained: %v", err)
+	}
+	if rep := tr.RunOnce(context.Background()); rep.Shipped+rep.Evicted+rep.Deleted != 0 {
+		t.Fatalf("a pass ran while drained: %+v", rep)
+	}
+	tr.Undrain()
+	if _, err := tr.ShipNow(context.Background(), rel1, nil); err != nil {
+		t.Fatalf("ship after undrain: %v", err)
+	}
+}

@@ -78,6 +78,11 @@ type Tierer struct {
 	noHandleOnce sync.Once
 	lastErr      map[string]PartitionError // by partition; GUARDED_BY(mu)
 
+	// draining stops new work; active counts the work under way (see
+	// Drain).
+	draining atomic.Bool
+	active   atomic.Int64
+
 	counters Counters
 }
 
@@ -200,6 +205,10 @@ func (t *Tierer) RunOnce(ctx context.Context) Report {
 		rep.Errors = append(rep.Errors, err)
 		return rep
 	}
+	if t.begin() != nil {
+		return rep // unmounting
+	}
+	defer t.end()
 	parts, err := Scan(t.cfg.Root)
 	if err != nil {
 		rep.Errors = append(rep.Errors, err)

@@ -60,7 +60,6 @@ func main() {
 		// Change management retains every checkpoint replaced, index
 		// trimmed and segment deleted, and logs every create and write.
 		{name: "tierfs --cm, no remote", mount: []string{"--cm"}},
-		{name: "tierfs --cm --cm-sync-interval 1h, no remote", mount: []string{"--cm", "--cm-sync-interval", "1h"}},
 		{name: "tierfs --remote (dir store), evicted", remote: true, mount: []string{
 			"--remote", "file://" + filepath.Join(dir, "remote"), "--ship-after", "1s",
 			"--local-retention-bytes", "1", "--tier-interval", "500ms"}},

@@ -128,6 +128,9 @@ func runMount(c *cli.Context) error {
 			mt = tierer
 		}
 		reg := metrics.Registry(mt, cache, log)
+		if changes != nil {
+			metrics.RegisterCM(reg, changes)
+		}
 		ops = metrics.NewFUSEOps(reg)
 		ctx, cancel := context.WithCancel(context.Background())
 		defer cancel()

@@ -51,7 +51,42 @@ func (m mountControl) Status() any {
 }
 
 func (m mountControl) Call(ctx context.Context, op string, args json.RawMessage) (any, error) {
+	switch op {
+	case "drain":
+		var a drainArgs
+		if err := json.Unmarshal(args, &a); err != nil {
+			return nil, err
+		}
+		dctx, cancel := context.WithTimeout(ctx, time.Duration(a.TimeoutMs)*time.Millisecond)
+		defer cancel()
+		var r drainReply
+		if m.t != nil {
+			var err error
+			if r.WasActive, err = m.t.Drain(dctx); err != nil {
+				return nil, fmt.Errorf("%d transfers still under way after %v (they resume from their last chunk at the next mount)", m.t.Active(), time.Duration(a.TimeoutMs)*time.Millisecond)
+			}
+		}
+		if m.cm != nil {
+			if err := m.cm.Flush(); err != nil {
+				return nil, err
+			}
+		}
+		return r, nil
+	case "resume":
+		if m.t != nil {
+			m.t.Undrain()
+		}
+		return struct{}{}, nil
+	}
 	return cmCall(ctx, m.cm, m.mountpoint, op, args)
+}
+
+type drainArgs struct {
+	TimeoutMs int64 `json:"timeout_ms"`
+}
+
+type drainReply struct {
+	WasActive int `json:"was_active"` // transfers under way when the drain began
 }
 
 func cmdShip() *cli.Command {
