@@ -209,10 +209,6 @@ func (m *Manager) takeAway(dfd int, name, rel, how string) (string, error) {
 		m.stats.Errors.Add(1)
 		return "", &errRetain{path: rel, err: err}
 	}
-	// The inode now lives on in the cmroot only (moved, or linked just
-	// before its name is replaced): the file system shows a process that
-	// still has it open a link count of 0, as natively.
-	_ = unix.Setxattr(full, retainedXattr, nil, 0)
 	return tmp, nil
 }
 
@@ -227,7 +223,6 @@ func (m *Manager) tmpName(how, rel string) string {
 // dropTmp removes an original taken for a change that did not happen.
 func (m *Manager) dropTmp(tmp string) {
 	if tmp != "" {
-		unix.Removexattr(filepath.Join(m.dir, tmp), retainedXattr)
 		os.Remove(filepath.Join(m.dir, tmp))
 	}
 }

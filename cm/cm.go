@@ -72,6 +72,7 @@ type Manager struct {
 	readyErr error
 	root     string // the tree, as reachable by this process
 	dir      string // the cmroot
+	dirName  string // the cmroot as the kernel names it (no /proc links)
 	log      *eventLog
 	tmpSeq   atomic.Uint64
 
@@ -172,6 +173,14 @@ func (m *Manager) Pending() int {
 func (m *Manager) Dir() string  { return m.dir }
 func (m *Manager) Root() string { return m.root }
 
+// Holds says whether path, the name the kernel gives an open file's inode
+// (readlink of its /proc/self/fd link), is inside the cmroot: the file
+// was deleted and lives on as a retained original only. The file system
+// then shows its link count as 0, as natively.
+func (m *Manager) Holds(path string) bool {
+	return m.dirName != "" && strings.HasPrefix(path, m.dirName+"/")
+}
+
 // Remote is how evicted files are read (nil: no store).
 func (m *Manager) Remote() Remote { return m.cfg.Remote }
 
@@ -180,6 +189,9 @@ func (m *Manager) open() error {
 		if err := os.MkdirAll(filepath.Join(m.dir, d), 0o700); err != nil {
 			return fmt.Errorf("cmroot %s: %w", m.dir, err)
 		}
+	}
+	if d, err := filepath.EvalSymlinks(m.dir); err == nil {
+		m.dirName = d
 	}
 	var err error
 	if m.log, err = openLog(filepath.Join(m.dir, "events")); err != nil {

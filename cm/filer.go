@@ -5,6 +5,7 @@ import (
 	"net/url"
 	"os"
 	"path/filepath"
+	"runtime"
 	"strings"
 	"sync"
 	"time"
@@ -68,6 +69,10 @@ func retainedPath(ev Event) string {
 
 func (m *Manager) fileLoop() {
 	defer m.wg.Done()
+	// Filing is background work: on its own thread at a lower priority,
+	// so on a busy machine the requests of the broker come first.
+	runtime.LockOSThread()
+	_ = unix.Setpriority(unix.PRIO_PROCESS, unix.Gettid(), 10)
 	f := &m.filer
 	for {
 		f.mu.Lock()

@@ -26,9 +26,6 @@ import (
 // in the same timestamp tick would not change the mtime.
 const (
 	sumXattr = "trusted.tierfs.sum"
-	// retainedXattr marks an inode that only the cmroot links (fs reads
-	// it under the same name).
-	retainedXattr = "trusted.tierfs.cmretained"
 	settleTime    = 2 * time.Second
 )
 

@@ -1,7 +1,6 @@
 package fs
 
 import (
-	"errors"
 	"strings"
 	"sync"
 	"syscall"
@@ -33,6 +32,9 @@ type Changes interface {
 	// Written is told that a file open for writing changed: it was
 	// oldSize bytes at the last event and is newSize now.
 	Written(rel string, oldSize, newSize int64, overwrote bool)
+	// Holds says whether path (an inode's name as the kernel gives it)
+	// is inside the cmroot: the file was deleted and is retained.
+	Holds(path string) bool
 }
 
 // childRel is the path from the root of the entry name in this directory.
@@ -250,10 +252,6 @@ func (n *node) chooseMode(lf *localFile) error {
 	return nil
 }
 
-// cmRetainedXattr marks an inode that only the cmroot links (cm sets it
-// when it takes a file out of the tree).
-const cmRetainedXattr = "trusted.tierfs.cmretained"
-
 // fixNlink hides the cmroot's links to a file that was deleted while
 // open: natively its link count is 0, and programs check that.
 func (n *node) fixNlink(fd int, out *fuse.Attr) {
@@ -263,12 +261,9 @@ func (n *node) fixNlink(fd int, out *fuse.Attr) {
 	if _, parent := n.Parent(); parent != nil {
 		return
 	}
-	_, err := unix.Fgetxattr(fd, cmRetainedXattr, nil)
-	if errors.Is(err, unix.EBADF) {
-		// An O_PATH descriptor: through its magic link.
-		_, err = unix.Getxattr(procFd(fd), cmRetainedXattr, nil)
-	}
-	if err == nil {
+	buf := make([]byte, unix.PathMax)
+	k, err := unix.Readlink(procFd(fd), buf)
+	if err == nil && n.root.changes.Holds(string(buf[:k])) {
 		out.Nlink = 0
 	}
 }

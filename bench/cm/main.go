@@ -20,6 +20,7 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"syscall"
 	"strings"
 
 	"github.com/tierfs/tierfs/bench/internal/benchutil"
@@ -62,6 +63,9 @@ func main() {
 				if err != nil {
 					fail(err)
 				}
+				// Each measurement starts with nothing left to write back
+				// from the one before.
+				syscall.Sync()
 				d := benchutil.Time(func() { err = w.run(dir, *ops) })
 				done()
 				if err != nil {
