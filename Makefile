@@ -3,10 +3,15 @@ GO      ?= go
 BIN     := bin/tierfs
 VERSION ?= $(shell git describe --always --dirty 2>/dev/null || echo dev)
 
-.PHONY: build test fuzz e2e bench bench-local bench-scan bench-xfer bench-tier bench-kafka lint demo deps clean
+.PHONY: build install test fuzz e2e bench bench-local bench-scan bench-xfer bench-tier bench-kafka lint demo deps clean
 
 build:
 	$(GO) build -ldflags "-X main.version=$(VERSION)" -o $(BIN) ./cmd/tierfs
+
+# The binary, and the helper mount(8) runs for -t tierfs (/etc/fstab).
+install: build
+	install -m 0755 $(BIN) /usr/local/bin/tierfs
+	ln -sf /usr/local/bin/tierfs /sbin/mount.tierfs
 
 # Unit tests and real-mount tests (the mount tests need root and /dev/fuse).
 test: build

@@ -25,8 +25,8 @@ import (
 // version whose mtime is within settleTime of now is not cached: a write
 // in the same timestamp tick would not change the mtime.
 const (
-	sumXattr = "trusted.tierfs.sum"
-	settleTime    = 2 * time.Second
+	sumXattr   = "trusted.tierfs.sum"
+	settleTime = 2 * time.Second
 )
 
 // SumLen is the length of a checksum in hex.

@@ -5,6 +5,7 @@ import (
 	"net"
 	"net/http"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"strings"
 	"syscall"
@@ -58,4 +59,49 @@ func TestRunAsAService(t *testing.T) {
 		t.Fatalf("notify on stop: %q %v", buf[:n], err)
 	}
 	<-m.done
+}
+
+// TestMountHelper: mount -t tierfs runs /sbin/mount.tierfs SOURCE DIR -o
+// OPTIONS, as for an /etc/fstab line. The helper (this binary under that
+// name) starts the mount in the background with the options as flags and
+// returns once it serves; a bad option fails the mount with the log's
+// words; tierfs umount stops it.
+func TestMountHelper(t *testing.T) {
+	requireRoot(t)
+	dir, backing, mnt := mountDirs(t)
+	helper := filepath.Join(dir, "mount.tierfs")
+	if err := os.Symlink(tierfsBin, helper); err != nil {
+		t.Fatal(err)
+	}
+	logFile := filepath.Join(dir, "tierfs.log")
+	opts := fmt.Sprintf("rw,nofail,remote=file://%s,ship-after=1h,cm,log-file=%s,x-systemd.after=network.target", filepath.Join(dir, "remote"), logFile)
+	out, err := exec.Command(helper, backing, mnt, "-o", opts).CombinedOutput()
+	if err != nil {
+		t.Fatalf("mount.tierfs: %v %s", err, out)
+	}
+	if !isMount(mnt) {
+		t.Fatal("mount.tierfs returned before the mount was there")
+	}
+	defer exec.Command("umount", "-l", mnt).Run()
+	os.WriteFile(filepath.Join(mnt, "f"), []byte("x"), 0o644)
+	os.Remove(filepath.Join(mnt, "f"))
+	// The options reached the mount: it has change management.
+	if out, code := tierfs(t, nil, "cm", "ls", mnt); code != 0 || !strings.Contains(out, "delete") {
+		t.Fatalf("cm ls on the helper's mount: %d %s", code, out)
+	}
+	if out, code := tierfs(t, nil, "umount", mnt); code != 0 {
+		t.Fatalf("umount: %s", out)
+	}
+	if b, _ := os.ReadFile(logFile); !strings.Contains(string(b), "msg=mounted") {
+		t.Errorf("the mount's log is not in %s:\n%s", logFile, b)
+	}
+	// A bad option: the helper fails with mount's failure code and says why.
+	cmd := exec.Command(helper, backing, mnt, "-o", "ship-after=soon,log-file="+logFile)
+	out, err = cmd.CombinedOutput()
+	if ee, ok := err.(*exec.ExitError); !ok || ee.ExitCode() != 32 || !strings.Contains(string(out), "ship-after") {
+		t.Fatalf("a bad option: %v %s", err, out)
+	}
+	if isMount(mnt) {
+		t.Fatal("mounted with a bad option")
+	}
 }

@@ -20,8 +20,8 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
-	"syscall"
 	"strings"
+	"syscall"
 
 	"github.com/tierfs/tierfs/bench/internal/benchutil"
 )
