@@ -145,6 +145,11 @@ func (m *Manager) Truncate(path, rel string, size int64) error {
 		return nil
 	}
 	ev := Event{Type: EvTruncate, Path: rel, NewSize: size}
+	if old, ok := holeTail(path, size); ok {
+		ev.ZeroTail, ev.OldSize = true, old
+		m.record(ev)
+		return nil
+	}
 	if err := m.retainCopyPath(path, rel, &ev); err != nil {
 		return err
 	}
@@ -173,6 +178,27 @@ func (m *Manager) Written(rel string, oldSize, newSize int64, overwrote bool) {
 	if !m.Excluded(rel) {
 		m.record(Event{Type: EvWrite, Path: rel, OldSize: oldSize, Size: newSize, Overwrote: overwrote})
 	}
+}
+
+// holeTail reports whether everything of the file at path past size is a
+// hole, and its size: then cutting it loses nothing but zeros. Only a
+// local file qualifies (an evicted file is all hole, and refused a
+// truncate anyway).
+func holeTail(path string, size int64) (int64, bool) {
+	f, err := os.Open(path)
+	if err != nil {
+		return 0, false
+	}
+	defer f.Close()
+	var st unix.Stat_t
+	if unix.Fstat(int(f.Fd()), &st) != nil || st.Size <= size {
+		return 0, false
+	}
+	if _, err := unix.Fgetxattr(int(f.Fd()), "trusted.tierfs", nil); err == nil {
+		return 0, false // tiered: its holes may be evicted bytes
+	}
+	_, err = unix.Seek(int(f.Fd()), size, unix.SEEK_DATA)
+	return st.Size, errors.Is(err, unix.ENXIO)
 }
 
 // How an original got into tmp; the prefix of its tmp name, so recovery

@@ -54,6 +54,7 @@ type FileLine struct {
 	Sum    string
 	Name   string // cmroot name
 	Size   int64
+	Zeros  int64 // zero bytes after the Size bytes of the source
 	Src    string // path in the source tree ("" when the bytes are only in the cmroot)
 }
 
@@ -107,7 +108,11 @@ func (l FileLine) String() string {
 	if l.Src == "" {
 		src = "-"
 	}
-	return fmt.Sprintf("%s#%s#%s#%d#%s", escapeField(l.Path), l.Sum, escapeField(l.Name), l.Size, src)
+	size := strconv.FormatInt(l.Size, 10)
+	if l.Zeros > 0 {
+		size += "+" + strconv.FormatInt(l.Zeros, 10)
+	}
+	return fmt.Sprintf("%s#%s#%s#%s#%s", escapeField(l.Path), l.Sum, escapeField(l.Name), size, src)
 }
 
 // parseFileLine parses one _files line (without its newline).
@@ -149,8 +154,14 @@ func parseFileLine(s string) (FileLine, error) {
 			return l, fmt.Errorf("cmroot name: %w", err)
 		}
 	}
-	if l.Size, err = strconv.ParseInt(f[3], 10, 64); err != nil || l.Size < 0 {
+	size, zeros, hasZeros := strings.Cut(f[3], "+")
+	if l.Size, err = strconv.ParseInt(size, 10, 64); err != nil || l.Size < 0 {
 		return l, fmt.Errorf("bad size %q", f[3])
+	}
+	if hasZeros {
+		if l.Zeros, err = strconv.ParseInt(zeros, 10, 64); err != nil || l.Zeros <= 0 {
+			return l, fmt.Errorf("bad size %q", f[3])
+		}
 	}
 	switch f[4] {
 	case "":
@@ -269,7 +280,7 @@ func (m *Manager) Dump(dir string, from, to uint64, bootstrap bool, source strin
 func lineOf(p string, e *entry) FileLine {
 	l := FileLine{Path: p, Kind: e.Kind, Target: e.Target}
 	if e.Kind == KindFile {
-		l.Sum, l.Name, l.Size, l.Src = e.Sum, e.Name, e.Size, e.Cur
+		l.Sum, l.Name, l.Size, l.Zeros, l.Src = e.Sum, e.Name, e.Size, e.Zeros, e.Cur
 	}
 	return l
 }

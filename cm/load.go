@@ -315,7 +315,7 @@ func (p *plan) ensure(tfd, srcFd, cmFd int, l FileLine, rep *LoadReport) error {
 		rep.Made++
 		return unix.Symlinkat(l.Target, pfd, base)
 	}
-	if exists && st.Size == l.Size && kindOf(st.Mode) == KindFile {
+	if exists && st.Size == l.Size+l.Zeros && kindOf(st.Mode) == KindFile {
 		if same, err := hasSum(pfd, base, l.Sum, p.now()); err != nil {
 			return fmt.Errorf("%s: %w", l.Path, err)
 		} else if same {
@@ -344,7 +344,7 @@ func (p *plan) ensure(tfd, srcFd, cmFd int, l FileLine, rep *LoadReport) error {
 		}
 		if ok {
 			rep.Copied++
-			rep.Bytes += l.Size
+			rep.Bytes += l.Size + l.Zeros
 			return nil
 		}
 	}
@@ -407,6 +407,11 @@ func (p *plan) copyVerified(dfd int, rel string, pfd int, base string, l FileLin
 	n, err := io.CopyBuffer(io.MultiWriter(out, h), io.LimitReader(r, l.Size), make([]byte, 1<<20))
 	if err == nil && n != l.Size {
 		err = io.ErrUnexpectedEOF
+	}
+	if err == nil && l.Zeros > 0 {
+		// The zeros stay a hole, as in the original.
+		io.Copy(h, zeroReader(l.Zeros))
+		err = out.Truncate(l.Size + l.Zeros)
 	}
 	if err != nil || hex.EncodeToString(h.Sum(nil)) != l.Sum {
 		unix.Unlinkat(pfd, tmp, 0)

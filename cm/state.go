@@ -3,6 +3,7 @@ package cm
 import (
 	"errors"
 	"fmt"
+	"io"
 	"io/fs"
 	"os"
 	"path/filepath"
@@ -25,6 +26,9 @@ type entry struct {
 	Name string
 	Sum  string
 	Size int64
+	// Zeros follow the Size bytes of the source (a preallocated index
+	// before its trim): the version is Size+Zeros bytes long.
+	Zeros int64
 	// Unknown, when set, says why the bytes at the event cannot be known.
 	Unknown string
 }
@@ -108,6 +112,18 @@ func (t tree) undo(ev Event) {
 			t[ev.To] = &entry{Kind: KindSymlink, Target: ev.Target}
 		}
 	case EvTruncate, EvModify:
+		if ev.ZeroTail {
+			// Before the cut: the bytes after it, then zeros.
+			if e := t[ev.Path]; e != nil && e.Kind == KindFile && e.Unknown == "" {
+				c := *e
+				c.Zeros += ev.OldSize - ev.NewSize
+				c.Sum = ""
+				t[ev.Path] = &c
+			} else {
+				t[ev.Path] = &entry{Kind: KindFile, Unknown: fmt.Sprintf("event %d (trim of %s) follows a version that is not known", ev.ID, ev.Path)}
+			}
+			return
+		}
 		t[ev.Path] = retainedEntry(ev, ev.Type)
 	case EvWrite:
 		e := t[ev.Path]
@@ -120,9 +136,14 @@ func (t tree) undo(ev Event) {
 			t[ev.Path] = &entry{Kind: KindFile, Unknown: fmt.Sprintf("%s was being overwritten at this event (%d); pick an event outside the write", ev.Path, ev.ID)}
 			return
 		}
-		if ev.OldSize < e.Size {
+		if ev.OldSize < e.Size+e.Zeros {
 			c := *e
-			c.Size, c.Sum = ev.OldSize, ""
+			if ev.OldSize <= e.Size {
+				c.Size, c.Zeros = ev.OldSize, 0
+			} else {
+				c.Zeros = ev.OldSize - e.Size
+			}
+			c.Sum = ""
 			t[ev.Path] = &c
 		}
 	}
@@ -267,12 +288,12 @@ func (m *Manager) sumAll(s *snapshot) error {
 		if err := unix.Stat(src, &st); err != nil {
 			return fmt.Errorf("%s: %w", p, err)
 		}
-		full = st.Size == e.Size
+		full = st.Size == e.Size && e.Zeros == 0
 		var err error
 		if full {
 			e.Sum, _, err = m.sumFile(src)
 		} else {
-			e.Sum, err = m.sumPrefix(src, e.Size)
+			e.Sum, err = m.sumPrefix(src, e.Size, e.Zeros)
 		}
 		if err != nil {
 			return fmt.Errorf("%s: %w", p, err)
@@ -281,8 +302,9 @@ func (m *Manager) sumAll(s *snapshot) error {
 	return nil
 }
 
-// sumPrefix is the checksum of the first n bytes of the file at path.
-func (m *Manager) sumPrefix(path string, n int64) (string, error) {
+// sumPrefix is the checksum of the first n bytes of the file at path,
+// followed by zeros zero bytes.
+func (m *Manager) sumPrefix(path string, n, zeros int64) (string, error) {
 	f, err := os.Open(path)
 	if err != nil {
 		return "", err
@@ -297,7 +319,17 @@ func (m *Manager) sumPrefix(path string, n int64) (string, error) {
 		return "", err
 	}
 	defer done()
-	return m.hash(r, n)
+	return m.hash(io.MultiReader(io.LimitReader(r, n), zeroReader(zeros)), n+zeros)
+}
+
+// zeroReader reads n zero bytes.
+func zeroReader(n int64) io.Reader { return io.LimitReader(zeroes{}, n) }
+
+type zeroes struct{}
+
+func (zeroes) Read(p []byte) (int, error) {
+	clear(p)
+	return len(p), nil
 }
 
 // paths lists the snapshot's paths under its roots, sorted (parents
