@@ -54,7 +54,7 @@ type FileLine struct {
 	Sum    string
 	Name   string // cmroot name
 	Size   int64
-	Zeros  int64 // zero bytes after the Size bytes of the source
+	Zeros  int64  // zero bytes after the Size bytes of the source
 	Src    string // path in the source tree ("" when the bytes are only in the cmroot)
 }
 
