@@ -224,8 +224,9 @@ func (m *Manager) takeAway(dfd int, name, rel, how string) (string, error) {
 	}
 	if errors.Is(err, unix.EXDEV) {
 		// The cmroot is on another file system: copy, then (for a move)
-		// remove.
-		if err = copyAt(dfd, name, full); err == nil && how == tmpMove {
+		// remove. An evicted file's copy is read from the store: its
+		// inode, which keeps the objects, does not come along.
+		if err = m.copyAt(dfd, name, full); err == nil && how == tmpMove {
 			if err = unix.Unlinkat(dfd, name, 0); err != nil {
 				os.Remove(full)
 			}

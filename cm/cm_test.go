@@ -5,6 +5,7 @@ import (
 	"crypto/sha256"
 	"encoding/hex"
 	"fmt"
+	"io"
 	"io/fs"
 	"math/rand/v2"
 	"os"
@@ -483,5 +484,64 @@ func TestTrimOfAPreallocatedFileCopiesNothing(t *testing.T) {
 	unix.Stat(filepath.Join(out, "00.index"), &st)
 	if st.Blocks*512 > 64<<10 {
 		t.Errorf("the loaded file's zeros were written out: %d bytes allocated", st.Blocks*512)
+	}
+}
+
+// fakeRemote serves the bytes of "evicted" files (here: any file with
+// the user.evicted xattr) from memory.
+type fakeRemote struct{ bytes map[string][]byte }
+
+func (f fakeRemote) OpenIfRemote(path string) (io.ReaderAt, io.Closer, bool, error) {
+	buf := make([]byte, 256)
+	n, err := unix.Getxattr(path, "user.evicted", buf)
+	if err != nil {
+		return nil, nil, false, nil
+	}
+	return bytes.NewReader(f.bytes[string(buf[:n])]), io.NopCloser(nil), true, nil
+}
+
+// TestCMRootOnAnotherFileSystem: with the cmroot elsewhere (tmpfs here),
+// a deleted file is copied there; an evicted one is copied from the store,
+// not as the hole its local file is.
+func TestCMRootOnAnotherFileSystem(t *testing.T) {
+	if _, err := os.Stat("/dev/shm"); err != nil {
+		t.Skip("no /dev/shm")
+	}
+	content := bytes.Repeat([]byte("remote bytes "), 1000)
+	root := filepath.Join(t.TempDir(), "tree")
+	os.MkdirAll(root, 0o755)
+	cmroot, err := os.MkdirTemp("/dev/shm", "cmroot-")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer os.RemoveAll(cmroot)
+	m := New(Config{Remote: fakeRemote{map[string][]byte{"seg": content}}})
+	if err := m.Attach(root, cmroot); err != nil {
+		t.Fatal(err)
+	}
+	defer m.Close()
+	seg := filepath.Join(root, "0.log")
+	os.WriteFile(seg, nil, 0o644)
+	os.Truncate(seg, int64(len(content))) // the evicted file: all hole
+	if err := unix.Setxattr(seg, "user.evicted", []byte("seg"), 0); err != nil {
+		t.Skip("no user xattrs here:", err)
+	}
+	os.WriteFile(filepath.Join(root, "local"), []byte("local bytes"), 0o644)
+	dfd, _ := unix.Open(root, unix.O_PATH|unix.O_DIRECTORY, 0)
+	defer unix.Close(dfd)
+	leave, _ := m.Enter()
+	for _, name := range []string{"0.log", "local"} {
+		if err := m.Unlink(dfd, name, name); err != nil {
+			t.Fatal(err)
+		}
+	}
+	leave()
+	evs, _ := m.Events("", 0, time.Time{}, 0)
+	for _, ev := range evs {
+		b, err := os.ReadFile(filepath.Join(cmroot, ev.Name))
+		want := map[string][]byte{"0.log": content, "local": []byte("local bytes")}[ev.Path]
+		if err != nil || !bytes.Equal(b, want) {
+			t.Errorf("%s retained as %q (%v), want %d bytes of its content", ev.Path, b[:min(len(b), 20)], err, len(want))
+		}
 	}
 }

@@ -33,6 +33,13 @@ func copySparse(in, out int, size int64) error {
 		roff, woff := data, data
 		for roff < hole {
 			n, err := unix.CopyFileRange(in, &roff, out, &woff, int(min(hole-roff, 1<<30)), 0)
+			if errors.Is(err, unix.EXDEV) || errors.Is(err, unix.EOPNOTSUPP) || errors.Is(err, unix.EINVAL) || errors.Is(err, unix.ENOSYS) {
+				// Across file systems that cannot: through a buffer.
+				if err := copyRange(in, out, roff, hole-roff); err != nil {
+					return err
+				}
+				break
+			}
 			if err != nil {
 				return err
 			}
@@ -43,6 +50,26 @@ func copySparse(in, out int, size int64) error {
 		off = hole
 	}
 	return unix.Ftruncate(out, size)
+}
+
+// copyRange copies n bytes at off from in to out with pread and pwrite.
+func copyRange(in, out int, off, n int64) error {
+	buf := make([]byte, min(n, 1<<20))
+	for n > 0 {
+		k, err := unix.Pread(in, buf[:min(n, int64(len(buf)))], off)
+		if err != nil {
+			return err
+		}
+		if k == 0 {
+			return errors.New("file shrank while it was copied")
+		}
+		if _, err := unix.Pwrite(out, buf[:k], off); err != nil {
+			return err
+		}
+		off += int64(k)
+		n -= int64(k)
+	}
+	return nil
 }
 
 // finishCopy gives the copy its original's mode, owner and times, and
@@ -65,30 +92,17 @@ func copyAttrs(out *os.File, st *unix.Stat_t) error {
 	return unix.UtimesNanoAt(fd, "", ts, unix.AT_EMPTY_PATH)
 }
 
-// copyAt copies the file name of dfd to the new file dst.
-func copyAt(dfd int, name, dst string) error {
+// copyAt copies the file name of dfd to the new file dst (from the store
+// when it was evicted).
+func (m *Manager) copyAt(dfd int, name, dst string) error {
 	fd, err := unix.Openat(dfd, name, unix.O_PATH|unix.O_NOFOLLOW|unix.O_CLOEXEC, 0)
 	if err != nil {
 		return err
 	}
 	defer unix.Close(fd)
-	var st unix.Stat_t
-	if err := unix.Fstat(fd, &st); err != nil {
-		return err
-	}
-	in, err := os.Open("/proc/self/fd/" + strconv.Itoa(fd))
-	if err != nil {
-		return err
-	}
-	defer in.Close()
-	out, err := os.OpenFile(dst, os.O_WRONLY|os.O_CREATE|os.O_EXCL, 0o600)
-	if err != nil {
-		return err
-	}
-	defer out.Close()
-	if err := copySparse(int(in.Fd()), int(out.Fd()), st.Size); err != nil {
+	if _, err := m.copyContent("/proc/self/fd/"+strconv.Itoa(fd), dst); err != nil {
 		os.Remove(dst)
 		return err
 	}
-	return copyAttrs(out, &st)
+	return nil
 }
