@@ -76,20 +76,26 @@ func retainedEntry(ev Event, what string) *entry {
 	return &entry{Kind: KindFile, Name: ev.Name, Sum: ev.Sum, Size: ev.Size}
 }
 
+// put sets p to the entry of kind that ev removed (nothing for a kind cm
+// does not keep, such as a fifo, or none).
+func (t tree) put(p, kind string, ev Event, what string) {
+	switch kind {
+	case KindFile:
+		t[p] = retainedEntry(ev, what)
+	case KindDir:
+		t[p] = &entry{Kind: KindDir}
+	case KindSymlink:
+		t[p] = &entry{Kind: KindSymlink, Target: ev.Target}
+	}
+}
+
 // undo turns the tree after ev into the tree before it.
 func (t tree) undo(ev Event) {
 	switch ev.Type {
 	case EvCreate:
 		t.removeSubtree(ev.Path)
 	case EvDelete:
-		switch ev.Kind {
-		case KindFile:
-			t[ev.Path] = retainedEntry(ev, "delete")
-		case KindDir:
-			t[ev.Path] = &entry{Kind: KindDir}
-		case KindSymlink:
-			t[ev.Path] = &entry{Kind: KindSymlink, Target: ev.Target}
-		}
+		t.put(ev.Path, ev.Kind, ev, "delete")
 	case EvRename:
 		if ev.Flags&unix.RENAME_EXCHANGE != 0 {
 			const swap = "\x00swap"
@@ -103,14 +109,7 @@ func (t tree) undo(ev Event) {
 		} else {
 			t.moveSubtree(ev.To, ev.Path)
 		}
-		switch ev.Over {
-		case KindFile:
-			t[ev.To] = retainedEntry(ev, "rename over")
-		case KindDir:
-			t[ev.To] = &entry{Kind: KindDir}
-		case KindSymlink:
-			t[ev.To] = &entry{Kind: KindSymlink, Target: ev.Target}
-		}
+		t.put(ev.To, ev.Over, ev, "rename over")
 	case EvTruncate, EvModify:
 		if ev.ZeroTail {
 			// Before the cut: the bytes after it, then zeros.
