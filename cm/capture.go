@@ -145,7 +145,7 @@ func (m *Manager) Truncate(path, rel string, size int64) error {
 		return nil
 	}
 	ev := Event{Type: EvTruncate, Path: rel, NewSize: size}
-	if old, ok := holeTail(path, size); ok {
+	if old, ok := m.holeTail(path, size); ok {
 		ev.ZeroTail, ev.OldSize = true, old
 		m.record(ev)
 		return nil
@@ -181,10 +181,9 @@ func (m *Manager) Written(rel string, oldSize, newSize int64, overwrote bool) {
 }
 
 // holeTail reports whether everything of the file at path past size is a
-// hole, and its size: then cutting it loses nothing but zeros. Only a
-// local file qualifies (an evicted file is all hole, and refused a
-// truncate anyway).
-func holeTail(path string, size int64) (int64, bool) {
+// hole, and its size: then cutting it loses nothing but zeros. An evicted
+// file does not qualify: its holes are bytes in the store.
+func (m *Manager) holeTail(path string, size int64) (int64, bool) {
 	f, err := os.Open(path)
 	if err != nil {
 		return 0, false
@@ -194,8 +193,14 @@ func holeTail(path string, size int64) (int64, bool) {
 	if unix.Fstat(int(f.Fd()), &st) != nil || st.Size <= size {
 		return 0, false
 	}
-	if _, err := unix.Fgetxattr(int(f.Fd()), "trusted.tierfs", nil); err == nil {
-		return 0, false // tiered: its holes may be evicted bytes
+	if m.cfg.Remote != nil {
+		_, c, remote, err := m.cfg.Remote.OpenIfRemote(path)
+		if err != nil || remote {
+			if remote {
+				c.Close()
+			}
+			return 0, false
+		}
 	}
 	_, err = unix.Seek(int(f.Fd()), size, unix.SEEK_DATA)
 	return st.Size, errors.Is(err, unix.ENXIO)
@@ -256,12 +261,19 @@ func (m *Manager) dropTmp(tmp string) {
 
 // retainCopy retains a copy of the entry name of dfd (the original stays).
 func (m *Manager) retainCopy(dfd int, name, rel string, ev *Event) error {
+	return atPath(dfd, name, func(path string) error { return m.retainCopyPath(path, rel, ev) })
+}
+
+// atPath runs fn with a path of the entry name of dfd that stays the same
+// inode whatever renames happen meanwhile (a /proc/self/fd link of an
+// O_PATH descriptor).
+func atPath(dfd int, name string, fn func(path string) error) error {
 	fd, err := unix.Openat(dfd, name, unix.O_PATH|unix.O_NOFOLLOW|unix.O_CLOEXEC, 0)
 	if err != nil {
 		return err
 	}
 	defer unix.Close(fd)
-	return m.retainCopyPath("/proc/self/fd/"+strconv.Itoa(fd), rel, ev)
+	return fn("/proc/self/fd/" + strconv.Itoa(fd))
 }
 
 // retainCopyPath copies the file at path into tmp and sets ev's Pending

@@ -3,7 +3,6 @@ package cm
 import (
 	"errors"
 	"os"
-	"strconv"
 
 	"golang.org/x/sys/unix"
 )
@@ -95,14 +94,11 @@ func copyAttrs(out *os.File, st *unix.Stat_t) error {
 // copyAt copies the file name of dfd to the new file dst (from the store
 // when it was evicted).
 func (m *Manager) copyAt(dfd int, name, dst string) error {
-	fd, err := unix.Openat(dfd, name, unix.O_PATH|unix.O_NOFOLLOW|unix.O_CLOEXEC, 0)
-	if err != nil {
-		return err
-	}
-	defer unix.Close(fd)
-	if _, err := m.copyContent("/proc/self/fd/"+strconv.Itoa(fd), dst); err != nil {
-		os.Remove(dst)
-		return err
-	}
-	return nil
+	return atPath(dfd, name, func(path string) error {
+		if _, err := m.copyContent(path, dst); err != nil {
+			os.Remove(dst)
+			return err
+		}
+		return nil
+	})
 }

@@ -1,10 +1,12 @@
 package fs
 
 import (
+	"context"
 	"strings"
 	"sync"
 	"syscall"
 
+	gofs "github.com/hanwen/go-fuse/v2/fs"
 	"github.com/hanwen/go-fuse/v2/fuse"
 	"golang.org/x/sys/unix"
 )
@@ -59,8 +61,8 @@ func (n *node) changes() (Changes, func(), error) {
 	return ch, leave, nil
 }
 
-// fdSize is the size of the inode open at fd.
-func fdSize(fd int) (int64, int64, error) {
+// fdSizeMtime is the size and mtime (ns) of the inode open at fd.
+func fdSizeMtime(fd int) (int64, int64, error) {
 	var st unix.Stat_t
 	if err := unix.Fstat(fd, &st); err != nil {
 		return 0, 0, err
@@ -91,7 +93,7 @@ func (n *node) newSession(fd int, flags uint32, rel string) *cmSession {
 	if ch == nil || flags&syscall.O_ACCMODE == syscall.O_RDONLY || ch.Excluded(rel) {
 		return nil
 	}
-	size, mtime, err := fdSize(fd)
+	size, mtime, err := fdSizeMtime(fd)
 	if err != nil {
 		return nil
 	}
@@ -139,7 +141,7 @@ func (s *cmSession) noteWritten(fd int) {
 	if s == nil {
 		return
 	}
-	size, mtime, err := fdSize(fd)
+	size, mtime, err := fdSizeMtime(fd)
 	if err != nil {
 		return
 	}
@@ -155,6 +157,22 @@ func (s *cmSession) noteWritten(fd int) {
 	defer leave()
 	s.ch.Written(s.path(), s.lastSize, size, s.overwrote)
 	s.lastSize, s.lastMtime = size, mtime
+}
+
+// newHandle makes the handle of a file this node opened at fd (path rel,
+// FUSE open flags): tiered or local, tracked by change management, in the
+// inode's io mode.
+func (n *node) newHandle(ctx context.Context, fd int, flags uint32, rel string) (gofs.FileHandle, uint32, error) {
+	lf := newLocalFile(n, fd)
+	lf.cm = n.newSession(fd, flags, rel)
+	fh, fl := n.wrapTiered(lf, rel)
+	if fh == gofs.FileHandle(lf) && n.root.changes != nil {
+		if err := n.chooseMode(lf); err != nil {
+			lf.Release(ctx)
+			return nil, 0, err
+		}
+	}
+	return fh, fl, nil
 }
 
 // truncateTracked sets the size of the file open at fd (path rel) with
@@ -175,7 +193,7 @@ func truncateWith(ch Changes, fd int, rel string, size int64, cut func() error) 
 	if ch == nil || ch.Excluded(rel) {
 		return cut()
 	}
-	old, _, err := fdSize(fd)
+	old, _, err := fdSizeMtime(fd)
 	if err != nil {
 		return err
 	}

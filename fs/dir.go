@@ -171,15 +171,9 @@ func (n *node) Create(ctx context.Context, name string, flags uint32, mode uint3
 	}
 	// The child is linked into the tree only after Create returns, so
 	// its own Path would name an orphan: rel is from the parent's.
-	child := ch.Operations().(*node)
-	lf := newLocalFile(child, fd)
-	lf.cm = child.newSession(fd, flags, rel)
-	fh, fl := child.wrapTiered(lf, rel)
-	if fh == gofs.FileHandle(lf) && n.root.changes != nil {
-		if err := child.chooseMode(lf); err != nil {
-			lf.Release(ctx)
-			return nil, nil, 0, toErrno(err)
-		}
+	fh, fl, err := ch.Operations().(*node).newHandle(ctx, fd, flags, rel)
+	if err != nil {
+		return nil, nil, 0, toErrno(err)
 	}
 	return ch, fh, fl, 0
 }

@@ -52,16 +52,8 @@ func (n *node) Open(ctx context.Context, flags uint32) (gofs.FileHandle, uint32,
 			return nil, 0, toErrno(err)
 		}
 	}
-	lf := newLocalFile(n, fd)
-	lf.cm = n.newSession(fd, flags, rel)
-	fh, fl := n.wrapTiered(lf, rel)
-	if fh == gofs.FileHandle(lf) && n.root.changes != nil {
-		if err := n.chooseMode(lf); err != nil {
-			lf.Release(ctx)
-			return nil, 0, toErrno(err)
-		}
-	}
-	return fh, fl, 0
+	fh, fl, err := n.newHandle(ctx, fd, flags, rel)
+	return fh, fl, toErrno(err)
 }
 
 func (n *node) CopyFileRange(ctx context.Context, fhIn gofs.FileHandle, offIn uint64, out *gofs.Inode, fhOut gofs.FileHandle, offOut uint64, length uint64, flags uint64) (uint32, syscall.Errno) {
