@@ -29,7 +29,10 @@ fuzz:
 e2e: build
 	$(GO) test -count=1 -timeout 30m ./e2e/...
 
-bench: bench-local bench-scan bench-xfer bench-tier bench-kafka bench-cm
+# Every benchmark, side by side with its peers, into BENCHMARKS.md and the
+# chart docs/benchmarks.png (about an hour; QUICK=1: under 5 minutes).
+bench:
+	QUICK=$(QUICK) scripts/bench
 
 # Transfers against versitygw on loopback: raw aws-sdk-go-v2 limits, then Uploader, Downloader, Reader.
 bench-xfer:

@@ -20,7 +20,6 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
-	"strings"
 	"syscall"
 
 	"github.com/tierfs/tierfs/bench/internal/benchutil"
@@ -77,20 +76,30 @@ func main() {
 			}
 		}
 	}
-	fmt.Printf("\n%d runs of %d ops each (medians; ratios are medians of per-run ratios to tierfs without cm); %s\n\n", *runs, *ops, benchutil.Machine())
-	fmt.Println("| configuration | files ops/s | × no cm | kafka rolls/s | × no cm |")
-	fmt.Println("|---|---|---|---|---|")
+	rep := benchutil.Report{
+		Name:  "cm",
+		Title: "Change management: the cost of --cm",
+		Notes: []string{fmt.Sprintf("%d runs of %d ops each (medians; ratios are medians of per-run ratios to tierfs without cm); %s. "+
+			"files: create, write 4 KiB, rename over another, unlink every second; kafka: a segment roll as a broker does it (.log, preallocated and trimmed .index, checkpoint .tmp renamed over, retention of the segment three rolls back).", *runs, *ops, benchutil.Machine())},
+		Header: []string{"configuration", "files ops/s", "× no cm", "kafka rolls/s", "× no cm"},
+	}
+	for _, w := range workloads {
+		ch := benchutil.Chart{Title: "cm: " + w.name + " pattern", Unit: "ops/s"}
+		for _, c := range configs {
+			ch.Bars = append(ch.Bars, benchutil.Bar{Label: c.name, Value: benchutil.Median(rate[w.name][c.name])})
+		}
+		rep.Charts = append(rep.Charts, ch)
+	}
 	for _, c := range configs {
-		var row []string
+		row := []string{c.name}
 		for _, w := range workloads {
 			xs := rate[w.name][c.name]
-			var ratios []float64
-			for i, x := range xs {
-				ratios = append(ratios, x/rate[w.name]["tierfs"][i])
-			}
-			row = append(row, fmt.Sprintf("%.0f | %.2f", benchutil.Median(xs), benchutil.Median(ratios)))
+			row = append(row, fmt.Sprintf("%.0f", benchutil.Median(xs)), fmt.Sprintf("%.2f", benchutil.Median(benchutil.Ratios(xs, rate[w.name]["tierfs"]))))
 		}
-		fmt.Printf("| %s | %s |\n", c.name, strings.Join(row, " | "))
+		rep.Rows = append(rep.Rows, row)
+	}
+	if err := rep.Emit(); err != nil {
+		fail(err)
 	}
 }
 

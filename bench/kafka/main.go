@@ -149,23 +149,29 @@ func main() {
 	}
 
 	base := setups[0]
-	fmt.Printf("Kafka %s broker, log.segment.bytes %s, log.flush.interval.ms %s, %d records of 1 KB per topic, medians of %d runs (ratios: median of per-run ratios to the plain directory)\n\n",
-		kafkaVersion(), *segmentBytes, props["log.flush.interval.ms"], *records, *runs)
-	fmt.Println("| configuration | produce MB/s | × plain | consume from 0, MB/s | records/s | × plain |")
-	fmt.Println("|---|---|---|---|---|---|")
+	flushNote := "no forced fsync (Kafka's default)"
+	if *flushMs > 0 {
+		flushNote = fmt.Sprintf("log.flush.interval.ms %d", *flushMs)
+	}
+	rep := benchutil.Report{
+		Name:  "kafka",
+		Title: "A real Kafka broker on tierfs",
+		Notes: []string{fmt.Sprintf("Kafka %s broker (KRaft, one node), log.segment.bytes %s, %s, %d records of 1 KB per topic, medians of %d runs (ratios: median of per-run ratios to the plain directory); consume is from offset 0 with the page cache dropped, so evicted segments come from the store; %s.",
+			kafkaVersion(), *segmentBytes, flushNote, *records, *runs, benchutil.Machine())},
+		Header:   []string{"configuration", "produce MB/s", "× plain", "consume from 0, MB/s", "records/s", "× plain"},
+		Versions: map[string]string{"Kafka": kafkaVersion(), "versitygw": "v1.8.0"},
+	}
+	produce := benchutil.Chart{Title: "Kafka produce", Unit: "MB/s"}
+	consume := benchutil.Chart{Title: "Kafka consume from offset 0", Unit: "MB/s"}
 	for _, su := range setups {
-		fmt.Printf("| %s | %.0f | %.2f | %.0f | %.0f | %.2f |\n", su.name,
-			benchutil.Median(su.produceMBs), benchutil.Median(ratios(su.produceMBs, base.produceMBs)),
-			benchutil.Median(su.consumeMBs), benchutil.Median(su.consumeRecs), benchutil.Median(ratios(su.consumeMBs, base.consumeMBs)))
+		rep.Rows = append(rep.Rows, []string{su.name,
+			fmt.Sprintf("%.0f", benchutil.Median(su.produceMBs)), fmt.Sprintf("%.2f", benchutil.Median(benchutil.Ratios(su.produceMBs, base.produceMBs))),
+			fmt.Sprintf("%.0f", benchutil.Median(su.consumeMBs)), fmt.Sprintf("%.0f", benchutil.Median(su.consumeRecs)), fmt.Sprintf("%.2f", benchutil.Median(benchutil.Ratios(su.consumeMBs, base.consumeMBs)))})
+		produce.Bars = append(produce.Bars, benchutil.Bar{Label: su.name, Value: benchutil.Median(su.produceMBs)})
+		consume.Bars = append(consume.Bars, benchutil.Bar{Label: su.name, Value: benchutil.Median(su.consumeMBs)})
 	}
-}
-
-func ratios(a, b []float64) []float64 {
-	var out []float64
-	for i := range min(len(a), len(b)) {
-		out = append(out, a[i]/b[i])
-	}
-	return out
+	rep.Charts = []benchutil.Chart{produce, consume}
+	check(rep.Emit())
 }
 
 // allEvicted says whether every segment of a partition dir but the last

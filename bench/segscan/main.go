@@ -89,13 +89,24 @@ func main() {
 			times[name] = append(times[name], time.Since(t0).Seconds())
 		}
 	}
-	fmt.Printf("segment %s: %.0f MB, %d-byte records, %d per batch; medians of %d runs, page cache warm\n", path, mb, *recSize, *perBatch, *runs)
-	fmt.Printf("%-28s %10s %10s\n", "measurement", "MB/s", "vs cat")
+	rep := benchutil.Report{
+		Name:  "segscan",
+		Title: "Segment scanning",
+		Notes: []string{fmt.Sprintf("A %.0f MB segment of %d-byte records, %d per batch, page cache warm; medians of %d runs, next to cat > /dev/null; %s.",
+			mb, *recSize, *perBatch, *runs, benchutil.Machine())},
+		Header: []string{"measurement", "MB/s", "× cat"},
+	}
 	catMed := benchutil.Median(times["cat"])
 	labels := map[string]string{"cat": "cat > /dev/null", "headers": "scan, headers only", "crc": "scan, with CRC32C", "chunk": "chunker (CRC, 8 MiB chunks)"}
+	ch := benchutil.Chart{Title: "Segment scan (page cache warm)", Unit: "MB/s"}
 	for _, name := range order {
 		m := benchutil.Median(times[name])
-		fmt.Printf("%-28s %10.0f %10.2f\n", labels[name], mb/m, catMed/m)
+		rep.Rows = append(rep.Rows, []string{labels[name], fmt.Sprintf("%.0f", mb/m), fmt.Sprintf("%.2f", catMed/m)})
+		ch.Bars = append(ch.Bars, benchutil.Bar{Label: labels[name], Value: mb / m})
+	}
+	rep.Charts = []benchutil.Chart{ch}
+	if err := rep.Emit(); err != nil {
+		fail(err)
 	}
 }
 

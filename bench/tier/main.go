@@ -168,18 +168,27 @@ func main() {
 	unmount()
 	unmountPeers(dir)
 
-	fmt.Printf("versitygw v1.8.0 on 127.0.0.1; evicted segment of %.0f MB; medians of %d runs, ratios are medians of the per-run ratios (first byte: of %d samples)\n", mb, *runs, len(firstByte))
-	fmt.Printf("%-44s %8s %12s\n", "", "MB/s", "× raw 1 GET")
-	for _, name := range names {
-		var ratios []float64
-		for i, v := range res[name] {
-			ratios = append(ratios, v/res[rawName][i])
-		}
-		fmt.Printf("%-44s %8.0f %12.2f\n", name, benchutil.Median(res[name]), benchutil.Median(ratios))
+	rep := benchutil.Report{
+		Name:  "tier",
+		Title: "Reads of an evicted segment",
+		Notes: []string{fmt.Sprintf("versitygw v1.8.0 on 127.0.0.1; an evicted segment of %.0f MB read cold (page cache dropped, the mount's chunk cache 1 MiB) through the mount, next to raw aws-sdk-go-v2 ranged GETs of the same object and to s3fs and rclone mounts of it; medians of %d runs, ratios are medians of the per-run ratios to one raw GET stream; %s.",
+			mb, *runs, benchutil.Machine())},
+		Header:   []string{"reader", "MB/s", "× raw 1 GET"},
+		Versions: map[string]string{"versitygw": "v1.8.0"},
 	}
-	fmt.Printf("first byte at a random offset through the mount: %.1f ms; one raw GET of its 8 MiB chunk %.1f ms (× %.2f); of 4 KiB %.1f ms\n",
-		benchutil.Median(firstByte), benchutil.Median(firstGet), benchutil.Median(firstByte)/benchutil.Median(firstGet), benchutil.Median(firstGet4k))
-	fmt.Printf("ls -l of %d segments (%d files): mount %.3f s, native %.3f s (× %.2f)\n", *segments, 3**segments, benchutil.Median(lsMount), benchutil.Median(lsNative), benchutil.Median(lsMount)/benchutil.Median(lsNative))
+	ch := benchutil.Chart{Title: "Cold sequential read of an evicted segment", Unit: "MB/s"}
+	for _, name := range names {
+		m := benchutil.Median(res[name])
+		rep.Rows = append(rep.Rows, []string{name, fmt.Sprintf("%.0f", m), fmt.Sprintf("%.2f", benchutil.Median(benchutil.Ratios(res[name], res[rawName])))})
+		ch.Bars = append(ch.Bars, benchutil.Bar{Label: name, Value: m})
+	}
+	rep.Charts = []benchutil.Chart{ch}
+	rep.After = []string{
+		fmt.Sprintf("First byte at a random offset through the mount (cold, median of %d samples): %.1f ms; one raw GET of its 8 MiB chunk %.1f ms (× %.2f); of 4 KiB %.1f ms.",
+			len(firstByte), benchutil.Median(firstByte), benchutil.Median(firstGet), benchutil.Median(firstByte)/benchutil.Median(firstGet), benchutil.Median(firstGet4k)),
+		fmt.Sprintf("ls -l of %d segments (%d files): mount %.3f s, native %.3f s (× %.2f).", *segments, 3**segments, benchutil.Median(lsMount), benchutil.Median(lsNative), benchutil.Median(lsMount)/benchutil.Median(lsNative)),
+	}
+	check(rep.Emit())
 }
 
 func readFile(path string, bs int) {

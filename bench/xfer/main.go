@@ -102,25 +102,33 @@ func main() {
 		runtime.GC()
 	}
 
-	fmt.Printf("versitygw v1.8.0 on 127.0.0.1, %.0f MB file, %d MiB chunks/parts, %d parts in flight; medians of %d runs\n", mb, chunk>>20, *parallel, *runs)
-	fmt.Printf("%-34s %8s %8s\n", "", "MB/s", "× limit")
-	// The limits: the Uploader against raw multipart PUT; the Downloader
-	// against raw 8-stream GETs written to a synced file (a durable
-	// download cannot beat the disk); the Reader against one raw stream.
+	rep := benchutil.Report{
+		Name:  "xfer",
+		Title: "Transfers: chunkxfer against raw aws-sdk-go-v2",
+		Notes: []string{fmt.Sprintf("versitygw v1.8.0 on 127.0.0.1, a %.0f MB file, %d MiB chunks/parts, %d parts in flight; medians of %d runs; %s. "+
+			"Each of chunkxfer's transfers is given as a ratio to its limit: the Uploader to raw multipart PUT, the Downloader to raw 8-stream GETs written to a synced file (a durable download cannot beat the disk), the Reader to one raw stream.",
+			mb, chunk>>20, *parallel, *runs, benchutil.Machine())},
+		Header:   []string{"transfer", "MB/s", "× limit"},
+		Versions: map[string]string{"versitygw": "v1.8.0"},
+	}
 	limits := map[string]string{
 		"Uploader":                       "raw multipart PUT",
 		"Downloader, 8 streams":          "raw GET, 8 streams, to file+fsync",
 		"Reader, sequential 1 MiB reads": "raw ranged GET, 1 stream",
 	}
+	ch := benchutil.Chart{Title: "Transfers to and from versitygw", Unit: "MB/s"}
 	for _, name := range []string{"raw multipart PUT", "Uploader", "raw ranged GET, 1 stream", "raw ranged GET, 8 streams", "raw GET, 8 streams, to file+fsync", "Downloader, 8 streams", "Reader, sequential 1 MiB reads"} {
 		m := benchutil.Median(res[name])
 		ratio := ""
 		if l, ok := limits[name]; ok {
 			ratio = fmt.Sprintf("%.2f", m/benchutil.Median(res[l]))
 		}
-		fmt.Printf("%-34s %8.0f %8s\n", name, m, ratio)
+		rep.Rows = append(rep.Rows, []string{name, fmt.Sprintf("%.0f", m), ratio})
+		ch.Bars = append(ch.Bars, benchutil.Bar{Label: name, Value: m})
 	}
-	fmt.Printf("reader peak heap %.0f MiB (median; cache %d MiB, read-ahead %d × %d MiB)\n", benchutil.Median(peakHeap), *cacheMiB, *readAhead, chunk>>20)
+	rep.Charts = []benchutil.Chart{ch}
+	rep.After = []string{fmt.Sprintf("Reader peak heap: %.0f MiB (median; cache %d MiB, read-ahead %d × %d MiB).", benchutil.Median(peakHeap), *cacheMiB, *readAhead, chunk>>20)}
+	check(rep.Emit())
 }
 
 func rawPut(ctx context.Context, c *s3.Client, bucket, key, path string, size int64, parallel int) {
