@@ -3,7 +3,7 @@ GO      ?= go
 BIN     := bin/tierfs
 VERSION ?= $(shell git describe --always --dirty 2>/dev/null || echo dev)
 
-.PHONY: build install test fuzz e2e bench bench-local bench-scan bench-xfer bench-tier bench-kafka bench-cm lint demo deps clean
+.PHONY: build install test fuzz e2e bench bench-local bench-scan bench-xfer bench-tier bench-kafka bench-cm bench-peer lint demo deps clean
 
 build:
 	$(GO) build -ldflags "-X main.version=$(VERSION)" -o $(BIN) ./cmd/tierfs
@@ -46,11 +46,15 @@ bench-tier: build
 bench-kafka: build
 	$(GO) run ./bench/kafka -tierfs $(BIN) -records $(or $(RECORDS),100000) -runs 3
 
-# Segment scan speed (headers, CRC32C, chunker) next to cat, 1 GiB from page cache.
 # Change management's cost: files and Kafka-roll patterns, with and without --cm.
 bench-cm: build
 	$(GO) run ./bench/cm -tierfs $(BIN) -runs $(or $(RUNS),5)
 
+# tierfs pull of a partition on loopback (sendfile, TLS) next to tar | nc and an rsync daemon.
+bench-peer: build
+	$(GO) run ./bench/peer -tierfs $(BIN) -size $(or $(SIZE),2GiB) -runs 3
+
+# Segment scan speed (headers, CRC32C, chunker) next to cat, 1 GiB from page cache.
 bench-scan:
 	$(GO) run ./bench/segscan -size $(or $(SIZE),1GiB) -runs 5
 

@@ -13,6 +13,8 @@ import (
 	"time"
 
 	"golang.org/x/sys/unix"
+
+	"github.com/tierfs/tierfs/internal/beneath"
 )
 
 // LoadOptions say where a load reads from.
@@ -178,23 +180,11 @@ func (p *plan) apply(target string) (LoadReport, error) {
 	return rep, nil
 }
 
-// openBeneath opens p relative to the directory dfd, refusing any path
-// that leaves it or goes through a symlink.
-func openBeneath(dfd int, p string, flags uint64) (int, error) {
-	if p == "" {
-		p = "."
-	}
-	return unix.Openat2(dfd, p, &unix.OpenHow{
-		Flags:   flags | unix.O_CLOEXEC,
-		Resolve: unix.RESOLVE_BENEATH | unix.RESOLVE_NO_SYMLINKS | unix.RESOLVE_NO_MAGICLINKS,
-	})
-}
-
 // listBeneath lists the entries at and under p in the directory dfd, with
 // their kinds; none when p does not exist.
 func listBeneath(dfd int, p string) (map[string]string, error) {
 	out := map[string]string{}
-	fd, err := openBeneath(dfd, p, unix.O_PATH|unix.O_NOFOLLOW)
+	fd, err := beneath.Open(dfd, p, unix.O_PATH|unix.O_NOFOLLOW)
 	if errors.Is(err, unix.ENOENT) {
 		return out, nil
 	}
@@ -213,7 +203,7 @@ func listBeneath(dfd int, p string) (map[string]string, error) {
 	if kindOf(st.Mode) != KindDir {
 		return out, nil
 	}
-	dirFd, err := openBeneath(dfd, p, unix.O_RDONLY|unix.O_DIRECTORY|unix.O_NOFOLLOW)
+	dirFd, err := beneath.Open(dfd, p, unix.O_RDONLY|unix.O_DIRECTORY|unix.O_NOFOLLOW)
 	if err != nil {
 		return nil, fmt.Errorf("%s: %w", p, err)
 	}
@@ -248,12 +238,12 @@ func parentBeneath(dfd int, p string) (int, string, error) {
 			return -1, "", err
 		}
 	}
-	fd, err := openBeneath(dfd, dir, unix.O_RDONLY|unix.O_DIRECTORY)
+	fd, err := beneath.Open(dfd, dir, unix.O_RDONLY|unix.O_DIRECTORY)
 	return fd, base, err
 }
 
 func mkdirAllBeneath(dfd int, dir string) error {
-	fd, err := openBeneath(dfd, dir, unix.O_PATH|unix.O_DIRECTORY)
+	fd, err := beneath.Open(dfd, dir, unix.O_PATH|unix.O_DIRECTORY)
 	if err == nil {
 		unix.Close(fd)
 		return nil
@@ -375,7 +365,7 @@ func hasSum(pfd int, base, sum string, now time.Time) (bool, error) {
 // only when the bytes have checksum l.Sum. ok is false when rel is not
 // there, too short, or has other bytes.
 func (p *plan) copyVerified(dfd int, rel string, pfd int, base string, l FileLine) (bool, error) {
-	fd, err := openBeneath(dfd, rel, unix.O_RDONLY|unix.O_NOFOLLOW)
+	fd, err := beneath.Open(dfd, rel, unix.O_RDONLY|unix.O_NOFOLLOW)
 	if errors.Is(err, unix.ENOENT) || errors.Is(err, unix.ELOOP) || errors.Is(err, unix.EXDEV) {
 		return false, nil
 	}

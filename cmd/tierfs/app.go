@@ -54,6 +54,8 @@ func newApp() *cli.App {
 			cmdDoctor(),
 			cmdCM(),
 			cmdRepl(),
+			cmdServe(),
+			cmdPull(),
 		},
 		HideHelpCommand: true,
 	}

@@ -28,3 +28,18 @@ func ParseSize(s string) (int64, error) {
 	}
 	return n * mult, nil
 }
+
+// FormatSize writes n bytes for people: "512 B", "3.4 MiB".
+func FormatSize(n int64) string {
+	if n < 1024 {
+		return fmt.Sprintf("%d B", n)
+	}
+	x := float64(n)
+	for _, u := range []string{"KiB", "MiB", "GiB", "TiB"} {
+		x /= 1024
+		if x < 1024 || u == "TiB" {
+			return fmt.Sprintf("%.1f %s", x, u)
+		}
+	}
+	return ""
+}

@@ -48,10 +48,10 @@ func (r *Report) Markdown(w io.Writer) {
 		fmt.Fprintf(w, "%s\n\n", n)
 	}
 	if len(r.Header) > 0 {
-		fmt.Fprintf(w, "| %s |\n", strings.Join(r.Header, " | "))
+		fmt.Fprintf(w, "| %s |\n", strings.Join(cells(r.Header), " | "))
 		fmt.Fprintf(w, "|%s\n", strings.Repeat("---|", len(r.Header)))
 		for _, row := range r.Rows {
-			fmt.Fprintf(w, "| %s |\n", strings.Join(row, " | "))
+			fmt.Fprintf(w, "| %s |\n", strings.Join(cells(row), " | "))
 		}
 	}
 	if len(r.After) > 0 {
@@ -60,6 +60,15 @@ func (r *Report) Markdown(w io.Writer) {
 			fmt.Fprintf(w, "%s\n\n", a)
 		}
 	}
+}
+
+// cells escapes the pipes in table cells.
+func cells(row []string) []string {
+	out := make([]string, len(row))
+	for i, c := range row {
+		out[i] = strings.ReplaceAll(c, "|", `\|`)
+	}
+	return out
 }
 
 // Emit prints the report as markdown on stdout and, when OutEnv names a
