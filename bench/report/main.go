@@ -139,6 +139,9 @@ func writeMarkdown(w io.Writer, reps []benchutil.Report, h header) {
 			fmt.Fprintf(w, " (`make %s`)", t)
 		}
 		fmt.Fprintf(w, "\n\n")
+		if r.Ran != "" {
+			fmt.Fprintf(w, "Measured %s.\n\n", r.Ran)
+		}
 		r.Markdown(w)
 		fmt.Fprintln(w)
 	}

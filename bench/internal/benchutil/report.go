@@ -7,6 +7,7 @@ import (
 	"os"
 	"path/filepath"
 	"strings"
+	"time"
 )
 
 // OutEnv names the directory every benchmark also writes its Report to,
@@ -24,7 +25,7 @@ type Report struct {
 	After    []string          `json:"after,omitempty"`    // lines after the table
 	Versions map[string]string `json:"versions,omitempty"` // peers and servers measured: "fio": "3.33"
 	Charts   []Chart           `json:"charts,omitempty"`
-	Seconds  float64           `json:"seconds,omitempty"` // how long the benchmark ran
+	Ran      string            `json:"ran,omitempty"` // when: set by Emit
 }
 
 // A Chart is one metric across configurations: a panel of bars.
@@ -83,6 +84,7 @@ func (r *Report) Emit() error {
 	if err := os.MkdirAll(dir, 0o755); err != nil {
 		return err
 	}
+	r.Ran = time.Now().UTC().Format("2006-01-02 15:04 MST")
 	b, err := json.MarshalIndent(r, "", "  ")
 	if err != nil {
 		return err
