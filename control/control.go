@@ -182,7 +182,7 @@ func (s *Server) serve(c *net.UnixConn) error {
 			return nil
 		}
 		emit(Event{Status: b, End: true})
-	case "ship", "evict":
+	case "ship", "evict", "hydrate":
 		for _, p := range req.Paths {
 			st, err := s.h.Do(ctx, req.Op, p, func(done, total int64) { emit(Event{Path: p, Done: done, Total: total}) })
 			ev := Event{Path: p, State: st}

@@ -185,3 +185,79 @@ func isMount(p string) bool {
 	b, _ := os.ReadFile("/proc/self/mountinfo")
 	return strings.Contains(string(b), " "+p+" ")
 }
+
+// TestHydrateByHand: tierfs hydrate brings an evicted segment back
+// through the running mount: same bytes, size and mtime, state shipped;
+// it can then be changed, and a handle that read it from the store
+// before sees the change.
+func TestHydrateByHand(t *testing.T) {
+	requireRoot(t)
+	for _, r := range remotes(t) {
+		t.Run(r.name, func(t *testing.T) {
+			_, backing, mnt := mountDirs(t)
+			bases, err := kafkatest.LogDir{Topic: "orders", Partitions: 1, Segments: 4, Batches: 60, Records: 16, ValueSize: 1000, Unflushed: 1, Age: time.Hour}.Write(backing)
+			if err != nil {
+				t.Fatal(err)
+			}
+			before := sums(t, backing)
+			startMount(t, r.env, "--backing", backing, "--remote", r.url, "--ship-after", "1000h", "--tier-interval", "200ms", mnt)
+			seg := filepath.Join(mnt, "orders-0", fmt.Sprintf("%020d.log", bases["orders-0"][1]))
+			rel, _ := filepath.Rel(mnt, seg)
+			fiBefore, _ := os.Stat(seg)
+			if out, code := tierfs(t, nil, "evict", seg); code != 0 {
+				t.Fatalf("evict: %s", out)
+			}
+			// Writes to an evicted file are refused, naming hydrate.
+			if f, err := os.OpenFile(seg, os.O_WRONLY, 0); err == nil {
+				_, err = f.WriteAt([]byte("x"), 0)
+				f.Close()
+				if err == nil {
+					t.Fatal("wrote to an evicted file")
+				}
+			}
+			// A reader that found it remote.
+			old, err := os.Open(seg)
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer old.Close()
+			buf := make([]byte, 16)
+			if _, err := old.ReadAt(buf, 0); err != nil {
+				t.Fatal(err)
+			}
+			out, code := tierfs(t, nil, "hydrate", seg)
+			if code != 0 || !strings.Contains(out, seg+": shipped") {
+				t.Fatalf("hydrate: %d %s", code, out)
+			}
+			if state(seg) != "shipped" {
+				t.Fatalf("state %s", state(seg))
+			}
+			var st syscall.Stat_t
+			syscall.Stat(filepath.Join(backing, rel), &st)
+			if st.Blocks*512 < fiBefore.Size() {
+				t.Errorf("hydrated, but only %d bytes allocated", st.Blocks*512)
+			}
+			fi, _ := os.Stat(seg)
+			if got := sums(t, mnt)[rel]; got != before[rel] || fi.Size() != fiBefore.Size() || !fi.ModTime().Equal(fiBefore.ModTime()) {
+				t.Fatalf("hydrated segment: sum ok %v, size %d (%d), mtime %v (%v)", got == before[rel], fi.Size(), fiBefore.Size(), fi.ModTime(), fiBefore.ModTime())
+			}
+			// Now local, it can change; the old handle reads the change
+			// (not the store's copy), after its page cache is dropped.
+			f, err := os.OpenFile(seg, os.O_WRONLY, 0)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if _, err := f.WriteAt([]byte("changed!"), 0); err != nil {
+				t.Fatalf("write to a hydrated file: %v", err)
+			}
+			f.Close()
+			os.WriteFile("/proc/sys/vm/drop_caches", []byte("1"), 0)
+			if _, err := old.ReadAt(buf, 0); err != nil || string(buf[:8]) != "changed!" {
+				t.Fatalf("the handle opened while evicted reads %q, %v", buf[:8], err)
+			}
+			if out, code := tierfs(t, nil, "hydrate", filepath.Join(mnt, "orders-0", fmt.Sprintf("%020d.log", bases["orders-0"][0]))); code != 0 || !strings.Contains(out, ": local") {
+				t.Errorf("hydrate of a local segment: %d %s", code, out)
+			}
+		})
+	}
+}

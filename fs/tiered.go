@@ -35,6 +35,9 @@ type Tiering interface {
 	State(path string) (state, rdi string, err error)
 	// OpenRemote reads the remote bytes of the remote file open at path.
 	OpenRemote(path string) (RemoteReader, error)
+	// Hydrations counts the remote files made local again: a file found
+	// remote at one count may be local at a later one.
+	Hydrations() uint64
 }
 
 // RemoteReader reads a file's bytes from the store, each checked. An
@@ -73,11 +76,11 @@ type tieredFile struct {
 	t   Tiering
 	ino uint64
 
-	// evicted is set once a read found the file remote. Nothing brings
-	// an evicted file back local while it is open (hydrate, when it
-	// comes, must clear this), so later reads skip the gate and the
-	// state lookup.
-	evicted atomic.Bool
+	// evictedAt is set once a read found the file remote: the tierer's
+	// Hydrations then, plus one. Until that count changes nothing can
+	// have brought the file back, so reads skip the gate and the state
+	// lookup.
+	evictedAt atomic.Uint64
 
 	mu     sync.Mutex
 	remote RemoteReader // opened on the first remote read; GUARDED_BY(mu)
@@ -101,9 +104,10 @@ func (tf *tieredFile) state() (string, error) {
 }
 
 func (tf *tieredFile) Read(ctx context.Context, dest []byte, off int64) (fuse.ReadResult, syscall.Errno) {
-	if tf.evicted.Load() {
+	if at := tf.evictedAt.Load(); at != 0 && at == tf.t.Hydrations()+1 {
 		return tf.readRemote(dest, off)
 	}
+	gen := tf.t.Hydrations()
 	unlock := tf.t.RLock(tf.ino)
 	defer unlock()
 	st, err := tf.state()
@@ -119,7 +123,7 @@ func (tf *tieredFile) Read(ctx context.Context, dest []byte, off int64) (fuse.Re
 		}
 		return fuse.ReadResultData(dest[:n]), 0
 	}
-	tf.evicted.Store(true)
+	tf.evictedAt.Store(gen + 1)
 	return tf.readRemote(dest, off)
 }
 

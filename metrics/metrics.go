@@ -43,6 +43,8 @@ func Registry(t Tiering, cache *chunkxfer.Cache, log *slog.Logger) *prometheus.R
 		counter(reg, "tierfs_remote_copy_bytes_total", "Bytes of segments shipped to the store and verified.", c.ShippedBytes.Load)
 		counter(reg, "tierfs_evicted_segments_total", "Segments whose local bytes were freed.", c.EvictedSegments.Load)
 		counter(reg, "tierfs_evicted_bytes_total", "Local bytes freed by eviction.", c.FreedBytes.Load)
+		counter(reg, "tierfs_hydrated_segments_total", "Evicted segments brought back to local disk (tierfs hydrate).", c.HydratedSegments.Load)
+		counter(reg, "tierfs_hydrated_bytes_total", "Bytes of segments brought back to local disk.", c.HydratedBytes.Load)
 		counter(reg, "tierfs_remote_delete_segments_total", "Remote copies deleted after the broker deleted their segment.", c.DeletedSegments.Load)
 		counter(reg, "tierfs_tiering_errors_total", "Failed tiering steps (ship, evict, delete); the last one of each partition is in tierfs_partition_last_error_timestamp_seconds and tierfs status.", c.Errors.Load)
 	}

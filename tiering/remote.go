@@ -81,6 +81,7 @@ var _ interface {
 	Tiered(string) bool
 	RLock(uint64) func()
 	State(string) (string, string, error)
+	Hydrations() uint64
 } = (*Tierer)(nil)
 
 func readAheadChunks() int {

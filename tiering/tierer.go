@@ -83,15 +83,18 @@ type Tierer struct {
 	draining atomic.Bool
 	active   atomic.Int64
 
+	hydrations atomic.Uint64 // finished (see Hydrations)
+
 	counters Counters
 }
 
 // Counters count what the tierer did since it started (for metrics).
 type Counters struct {
-	ShippedSegments, ShippedBytes atomic.Int64
-	EvictedSegments, FreedBytes   atomic.Int64
-	DeletedSegments               atomic.Int64 // remote copies of segments the broker deleted
-	Errors                        atomic.Int64 // failed steps (each also a partition's last error or a pass's error)
+	ShippedSegments, ShippedBytes   atomic.Int64
+	EvictedSegments, FreedBytes     atomic.Int64
+	DeletedSegments                 atomic.Int64 // remote copies of segments the broker deleted
+	HydratedSegments, HydratedBytes atomic.Int64
+	Errors                          atomic.Int64 // failed steps (each also a partition's last error or a pass's error)
 }
 
 // Counters are the tierer's running counts.
@@ -277,12 +280,16 @@ func (t *Tierer) shipPartition(ctx context.Context, p Partition, cp Checkpoints,
 			has = false
 		}
 		if has {
-			if rec.State == StateRemote {
+			// An unfreed remote file is an eviction or a hydration
+			// that tierfs died in: its local bytes go. One under way
+			// now holds its claim.
+			if rec.State == StateRemote && !rec.Freed && t.claim(seg.Path) {
 				if fixed, err := t.finishEvict(seg, rec); err != nil {
 					rep.Errors = append(rep.Errors, t.noteErr(p.Name, err))
 				} else if fixed {
 					rep.Recovered++
 				}
+				t.release(seg.Path)
 			}
 			continue
 		}

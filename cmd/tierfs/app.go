@@ -51,6 +51,7 @@ func newApp() *cli.App {
 			cmdStatus(),
 			cmdShip(),
 			cmdEvict(),
+			cmdHydrate(),
 			cmdDoctor(),
 			cmdCM(),
 			cmdRepl(),

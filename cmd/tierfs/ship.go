@@ -39,6 +39,8 @@ func (m mountControl) Do(ctx context.Context, op, rel string, progress func(done
 		return m.t.ShipNow(ctx, rel, chunkxfer.Progress(progress))
 	case "evict":
 		return m.t.EvictNow(ctx, rel, chunkxfer.Progress(progress))
+	case "hydrate":
+		return m.t.HydrateNow(ctx, rel, chunkxfer.Progress(progress))
 	}
 	return "", fmt.Errorf("unknown op %q", op)
 }
@@ -95,6 +97,10 @@ func cmdShip() *cli.Command {
 
 func cmdEvict() *cli.Command {
 	return cmdMove("evict", "free the local bytes of segments now, shipping them first if needed")
+}
+
+func cmdHydrate() *cli.Command {
+	return cmdMove("hydrate", "bring the bytes of evicted segments back to local disk (their remote copies stay until the files change)")
 }
 
 func cmdMove(op, usage string) *cli.Command {

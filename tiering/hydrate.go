@@ -1,0 +1,157 @@
+package tiering
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"os"
+	"path/filepath"
+	"syscall"
+
+	"golang.org/x/sys/unix"
+
+	"github.com/tierfs/tierfs/chunkxfer"
+)
+
+// HydrateNow brings the bytes of the evicted segment rel back to local
+// disk (see Hydrate). It returns the segment's state after: shipped (the
+// remote copy stays valid until the file changes), or local for a file
+// that was never shipped.
+func (t *Tierer) HydrateNow(ctx context.Context, rel string, progress chunkxfer.Progress) (string, error) {
+	if err := t.begin(); err != nil {
+		return "", err
+	}
+	defer t.end()
+	seg, err := t.findSegment(rel)
+	if err != nil {
+		return "", err
+	}
+	if err := t.Hydrate(ctx, seg.Path, progress); err != nil {
+		return StateRemote, t.noteErr(seg.Partition, fmt.Errorf("hydrate %s: %w", rel, err))
+	}
+	st, _, err := t.State(seg.Path)
+	return st, err
+}
+
+// ErrBusy is a segment another transfer is moving.
+var ErrBusy = errors.New("another transfer of it is under way")
+
+// Hydrate downloads the bytes of the evicted file at path (parallel
+// ranged GETs, each chunk checked, resumable from the transfer journal)
+// and puts them back into the file, which keeps its inode, size and
+// mtime. Until it is done the file stays remote, and reads are served
+// from the store. The record is marked unfreed first: should tierfs die
+// before the end, the next tiering pass punches out what was written
+// (as for an interrupted eviction), and the file is remote as before.
+// Once the bytes are in and synced, the file is shipped: local, with
+// its remote copy still valid.
+func (t *Tierer) Hydrate(ctx context.Context, path string, progress chunkxfer.Progress) error {
+	if !t.claim(path) {
+		return fmt.Errorf("%s: %w", path, ErrBusy)
+	}
+	defer t.release(path)
+	rec, has, err := readRecord(path)
+	if err != nil {
+		return err
+	}
+	if !has || rec.State != StateRemote {
+		if progress != nil {
+			progress(1, 1)
+		}
+		return nil // local already
+	}
+	if _, err := t.loadManifest(rec); err != nil {
+		return err
+	}
+	// The download goes to the state dir, then into the file's holes.
+	dir := filepath.Join(t.cfg.StateDir, "hydrate")
+	if err := os.MkdirAll(dir, 0o700); err != nil {
+		return err
+	}
+	tmp := filepath.Join(dir, fmt.Sprintf("%d-%s", rec.Ino, filepath.Base(path)))
+	defer os.Remove(tmp)
+	dl := &chunkxfer.Downloader{Store: t.cfg.Store, JournalDir: filepath.Join(t.cfg.StateDir, "journal"), Parallel: 4, Log: t.cfg.Log}
+	got, err := dl.Download(ctx, rec.Key, tmp)
+	if err != nil {
+		return err
+	}
+	if got.ETag != rec.ETag || got.Size != rec.Size {
+		return fmt.Errorf("the store's %s is not the copy shipped (etag %s, %d bytes; shipped %s, %d bytes)", rec.Key, got.ETag, got.Size, rec.ETag, rec.Size)
+	}
+	rec.Freed = false
+	if err := writeRecord(path, rec); err != nil {
+		return err
+	}
+	if err := fill(path, tmp, rec); err != nil {
+		return err
+	}
+	// Under the gate no read of local bytes or write is under way: the
+	// file becomes local with its own mtime back.
+	unlock := t.cfg.Gate.Lock(rec.Ino)
+	defer unlock()
+	now, has, err := readRecord(path)
+	if err != nil {
+		return err
+	}
+	if !has || now.Key != rec.Key {
+		return fmt.Errorf("%s changed while it was hydrated", path)
+	}
+	var st syscall.Stat_t
+	if err := syscall.Stat(path, &st); err != nil {
+		return err
+	}
+	if st.Ino != rec.Ino || st.Size != rec.Size {
+		return fmt.Errorf("%s is another file now (inode %d, %d bytes; recorded %d, %d bytes)", path, st.Ino, st.Size, rec.Ino, rec.Size)
+	}
+	mt := unix.NsecToTimespec(rec.MtimeNs)
+	if err := unix.UtimesNanoAt(unix.AT_FDCWD, path, []unix.Timespec{{Sec: st.Atim.Sec, Nsec: st.Atim.Nsec}, mt}, 0); err != nil {
+		return err
+	}
+	rec.State = StateShipped
+	if err := writeRecord(path, rec); err != nil {
+		return err
+	}
+	t.hydrations.Add(1)
+	t.counters.HydratedSegments.Add(1)
+	t.counters.HydratedBytes.Add(rec.Size)
+	if progress != nil {
+		progress(rec.Size, rec.Size)
+	}
+	t.cfg.Log.Info("hydrated", "segment", path, "key", rec.Key, "bytes", rec.Size)
+	return nil
+}
+
+// fill copies the downloaded bytes into the file at path (in the kernel
+// where it can), and syncs it.
+func fill(path, from string, rec Record) error {
+	src, err := os.Open(from)
+	if err != nil {
+		return err
+	}
+	defer src.Close()
+	dst, err := os.OpenFile(path, os.O_WRONLY, 0)
+	if err != nil {
+		return err
+	}
+	defer dst.Close()
+	var st syscall.Stat_t
+	if err := syscall.Fstat(int(dst.Fd()), &st); err != nil {
+		return err
+	}
+	if st.Ino != rec.Ino || st.Size != rec.Size {
+		return fmt.Errorf("%s is another file now (inode %d, %d bytes; recorded %d, %d bytes)", path, st.Ino, st.Size, rec.Ino, rec.Size)
+	}
+	n, err := io.Copy(dst, src)
+	if err != nil {
+		return fmt.Errorf("fill %s: %w", path, err)
+	}
+	if n != rec.Size {
+		return fmt.Errorf("fill %s: %d bytes of %d", path, n, rec.Size)
+	}
+	return dst.Sync()
+}
+
+// Hydrations counts the hydrations finished: a file found remote before
+// a later count may be local now.
+func (t *Tierer) Hydrations() uint64 { return t.hydrations.Load() }
