@@ -45,6 +45,9 @@ type Config struct {
 	// Debug logs every FUSE request.
 	Debug bool
 
+	// ReadOnly mounts read-only: the kernel refuses every change (EROFS).
+	ReadOnly bool
+
 	// Ops, when set, is told of every FUSE request (op, duration,
 	// status) and of every read served from the store (op
 	// "read_remote"); it must be cheap and safe for concurrent use. Nil
@@ -169,6 +172,9 @@ func (m *Mounted) start() error {
 			// accept backing files one level below FUSE.
 			MaxStackDepth: 1,
 		},
+	}
+	if cfg.ReadOnly {
+		opts.MountOptions.Options = append(opts.MountOptions.Options, "ro")
 	}
 	if cfg.Debug {
 		opts.Logger = log.New(os.Stderr, "go-fuse: ", 0)

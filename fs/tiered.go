@@ -93,6 +93,7 @@ var (
 	_ = (gofs.FileAllocater)((*tieredFile)(nil))
 	_ = (gofs.FileReleaser)((*tieredFile)(nil))
 	_ = (gofs.FilePassthroughFder)((*tieredFile)(nil))
+	_ = (gofs.FileLseeker)((*tieredFile)(nil))
 )
 
 // PassthroughFd: never; the kernel would read punched holes.
@@ -125,6 +126,35 @@ func (tf *tieredFile) Read(ctx context.Context, dest []byte, off int64) (fuse.Re
 	}
 	tf.evictedAt.Store(gen + 1)
 	return tf.readRemote(dest, off)
+}
+
+// Lseek answers SEEK_DATA and SEEK_HOLE for a remote file as for the
+// file it stands for: all data, no hole before its end. The backing
+// file is all holes, and cp, tar and rsync would copy zeros from it.
+func (tf *tieredFile) Lseek(ctx context.Context, off uint64, whence uint32) (uint64, syscall.Errno) {
+	if whence != unix.SEEK_DATA && whence != unix.SEEK_HOLE {
+		return tf.localFile.Lseek(ctx, off, whence)
+	}
+	unlock := tf.t.RLock(tf.ino)
+	defer unlock()
+	st, err := tf.state()
+	if err != nil {
+		return 0, toErrno(err)
+	}
+	if st != "remote" {
+		return tf.localFile.Lseek(ctx, off, whence)
+	}
+	var fst unix.Stat_t
+	if err := unix.Fstat(int(tf.f.Fd()), &fst); err != nil {
+		return 0, toErrno(err)
+	}
+	if int64(off) >= fst.Size {
+		return 0, syscall.ENXIO
+	}
+	if whence == unix.SEEK_DATA {
+		return off, 0
+	}
+	return uint64(fst.Size), 0
 }
 
 func (tf *tieredFile) readRemote(dest []byte, off int64) (fuse.ReadResult, syscall.Errno) {

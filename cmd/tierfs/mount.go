@@ -43,6 +43,8 @@ func cmdMount() *cli.Command {
 			&cli.IntFlag{Name: "ship-concurrency", Value: 2, Usage: "segments shipped at once", EnvVars: []string{"TIERFS_SHIP_CONCURRENCY"}},
 			&cli.DurationFlag{Name: "tier-interval", Value: 30 * time.Second, Usage: "how often the tierer looks for work", EnvVars: []string{"TIERFS_TIER_INTERVAL"}},
 			&cli.Int64Flag{Name: "cache-bytes", Value: 256 << 20, Usage: "memory for chunks of remote files", EnvVars: []string{"TIERFS_CACHE_BYTES"}},
+			&cli.StringFlag{Name: "role", Value: "leader", Usage: "leader: ship and evict this broker's segments; reader: a read-only log dir of every segment in the store (--remote), for analytics hosts", EnvVars: []string{"TIERFS_ROLE"}},
+			&cli.DurationFlag{Name: "follow-interval", Value: 10 * time.Second, Usage: "reader: how often the store is looked at for new and deleted segments", EnvVars: []string{"TIERFS_FOLLOW_INTERVAL"}},
 			&cli.StringFlag{Name: "metrics-listen", Usage: "serve Prometheus metrics at http://ADDR/metrics, e.g. 127.0.0.1:9464 (default: none)", EnvVars: []string{"TIERFS_METRICS_LISTEN"}},
 		}, append(cmFlags(), s3KeyFlags()...)...),
 		Action: runMount,
@@ -80,6 +82,34 @@ func runMount(c *cli.Context) error {
 		if readAhead == 0 {
 			readAhead = -1
 		}
+	}
+	reader := false
+	switch role := c.String("role"); role {
+	case "leader":
+	case "reader":
+		reader = true
+		if c.String("remote") == "" {
+			return &exitError{code: 2, err: errors.New("--role reader needs --remote: the store to show")}
+		}
+		if c.Bool("cm") {
+			return &exitError{code: 2, err: errors.New("--role reader is read-only: --cm has nothing to retain")}
+		}
+		if c.String("backing") == "" {
+			// The stubs of the store's segments live in a directory of
+			// their own, made again at each mount.
+			dir, err := os.MkdirTemp("/var/tmp", "tierfs-reader-")
+			if err != nil {
+				return err
+			}
+			defer os.RemoveAll(dir)
+			if err := c.Set("backing", dir); err != nil {
+				return err
+			}
+		}
+	case "follower":
+		return &exitError{code: 2, err: errors.New("--role follower is not built yet (leader or reader)")}
+	default:
+		return &exitError{code: 2, err: fmt.Errorf("--role %q: leader or reader", role)}
 	}
 	remote := &remoteFiles{}
 	changes, err := newChanges(c, remote)
@@ -145,6 +175,7 @@ func runMount(c *cli.Context) error {
 		EntryTimeout: c.Duration("entry-timeout"),
 		AttrTimeout:  c.Duration("attr-timeout"),
 		Debug:        c.Bool("debug-fuse"),
+		ReadOnly:     reader,
 		Tiering:      tier,
 		Changes:      fsChanges(changes),
 		Ops:          ops,
@@ -181,9 +212,18 @@ func runMount(c *cli.Context) error {
 		tierer.SetRoot(filepath.Dir(m.StateDir), m.StateDir)
 		ctx, cancel := context.WithCancel(context.Background())
 		defer cancel()
-		go tierer.Run(ctx, c.Duration("tier-interval"))
-		log.Info("tiering", "remote", redactURL(c.String("remote")), "ship_after", c.Duration("ship-after"),
-			"ship_rate", shipRate, "local_retention_bytes", c.Int64("local-retention-bytes"), "local_retention_age", c.Duration("local-retention-age"))
+		if reader {
+			rep := tierer.Mirror(ctx)
+			for _, err := range rep.Errors {
+				log.Warn("mirror", "err", err)
+			}
+			log.Info("reader: a read-only view of the store", "remote", redactURL(c.String("remote")), "partitions", rep.PartitionsListed, "segments", rep.Segments, "follow_interval", c.Duration("follow-interval"))
+			go tierer.RunMirror(ctx, c.Duration("follow-interval"))
+		} else {
+			go tierer.Run(ctx, c.Duration("tier-interval"))
+			log.Info("tiering", "remote", redactURL(c.String("remote")), "ship_after", c.Duration("ship-after"),
+				"ship_rate", shipRate, "local_retention_bytes", c.Int64("local-retention-bytes"), "local_retention_age", c.Duration("local-retention-age"))
+		}
 	}
 	log.Info("mounted", "mountpoint", m.Config.Mountpoint, "backing", m.Config.Backing,
 		"in_place", m.Config.Mountpoint == m.Config.Backing, "local_files", m.Passthrough.String())

@@ -1,0 +1,314 @@
+package tiering
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"os"
+	"path"
+	"path/filepath"
+	"regexp"
+	"sort"
+	"strconv"
+	"syscall"
+	"time"
+
+	"golang.org/x/sys/unix"
+
+	"github.com/tierfs/tierfs/chunkxfer"
+	"github.com/tierfs/tierfs/chunkxfer/store"
+	"github.com/tierfs/tierfs/idx/kafka"
+)
+
+// The reader role: a mount of the store alone. Mirror makes the root a
+// log dir of every segment shipped to the store, each an evicted file
+// (its bytes read from the store), with its indexes, snapshot and the
+// partition's leader-epoch-checkpoint as small local files. Nothing is
+// ever shipped, evicted or deleted from the store by it.
+
+// objectName is <base20>-<id8><kind> (see identityKey).
+var objectName = regexp.MustCompile(`^([0-9]{20})-([0-9a-f]{8})(\.log|\.index|\.timeindex|\.txnindex|\.snapshot|\.leader-epoch-checkpoint)$`)
+
+// MirrorReport says what a mirror pass changed.
+type MirrorReport struct {
+	Segments         int // segments mirrored after the pass
+	Added, Removed   int // files
+	Errors           []error
+	PartitionsListed int
+}
+
+// mirrorCatalog is what the mirror put in the root: rel path → object key.
+type mirrorCatalog map[string]string
+
+func (t *Tierer) catalogPath() string { return filepath.Join(t.cfg.StateDir, "mirror.json") }
+
+func (t *Tierer) loadCatalog() (mirrorCatalog, error) {
+	c := mirrorCatalog{}
+	b, err := os.ReadFile(t.catalogPath())
+	if os.IsNotExist(err) {
+		return c, nil
+	}
+	if err != nil {
+		return nil, err
+	}
+	if err := json.Unmarshal(b, &c); err != nil {
+		return nil, fmt.Errorf("%s: %w", t.catalogPath(), err)
+	}
+	return c, nil
+}
+
+// Mirror brings the root in line with the store: segments shipped since
+// the last pass appear, those whose objects went disappear.
+func (t *Tierer) Mirror(ctx context.Context) MirrorReport {
+	var rep MirrorReport
+	if err := t.waitReady(); err != nil {
+		rep.Errors = append(rep.Errors, err)
+		return rep
+	}
+	objs, err := t.cfg.Store.List(ctx, "")
+	if err != nil {
+		rep.Errors = append(rep.Errors, fmt.Errorf("list the store: %w", err))
+		return rep
+	}
+	want := wantedFiles(objs)
+	partitions := map[string]bool{}
+	for rel := range want {
+		partitions[path.Dir(rel)] = true
+		if path.Ext(rel) == kafka.KindLog {
+			rep.Segments++
+		}
+	}
+	rep.PartitionsListed = len(partitions)
+	have, err := t.loadCatalog()
+	if err != nil {
+		rep.Errors = append(rep.Errors, err)
+		return rep
+	}
+	// Gone or replaced first, then what is new; the catalog is saved
+	// after each change, so a crash leaves nothing it does not know of.
+	for rel, key := range have {
+		if _, still := want[rel]; still {
+			continue // the same, or replaced below by a rename over it
+		}
+		if err := os.Remove(filepath.Join(t.cfg.Root, rel)); err != nil && !os.IsNotExist(err) {
+			rep.Errors = append(rep.Errors, err)
+			continue
+		}
+		os.Remove(t.mirrorManifestPath(key))
+		delete(have, rel)
+		rep.Removed++
+		os.Remove(filepath.Join(t.cfg.Root, path.Dir(rel))) // the partition dir, once empty
+		if err := t.saveCatalog(have); err != nil {
+			rep.Errors = append(rep.Errors, err)
+			return rep
+		}
+	}
+	rels := make([]string, 0, len(want))
+	for rel := range want {
+		rels = append(rels, rel)
+	}
+	sort.Strings(rels)
+	for _, rel := range rels {
+		o := want[rel]
+		if have[rel] == o.Key {
+			continue
+		}
+		if err := t.mirrorFile(ctx, rel, o); err != nil {
+			rep.Errors = append(rep.Errors, fmt.Errorf("mirror %s: %w", o.Key, err))
+			continue
+		}
+		if old := have[rel]; old != "" {
+			os.Remove(t.mirrorManifestPath(old)) // the version it replaced
+		}
+		have[rel] = o.Key
+		rep.Added++
+		if err := t.saveCatalog(have); err != nil {
+			rep.Errors = append(rep.Errors, err)
+			return rep
+		}
+	}
+	return rep
+}
+
+func (t *Tierer) saveCatalog(c mirrorCatalog) error {
+	b, err := json.Marshal(c)
+	if err != nil {
+		return err
+	}
+	return writeFileAtomic(t.catalogPath(), b)
+}
+
+func (t *Tierer) mirrorManifestPath(key string) string {
+	return filepath.Join(t.cfg.StateDir, "manifests", filepath.Dir(key), filepath.Base(key)+".json")
+}
+
+// wantedFiles picks, from a listing of the store, the files of a log dir:
+// for each partition and base offset the newest complete shipment (its
+// .log and the .log's manifest), its sidecars, and the partition's
+// leader-epoch-checkpoint from its newest segment.
+func wantedFiles(objs []store.ObjectInfo) map[string]store.ObjectInfo {
+	byKey := map[string]store.ObjectInfo{}
+	for _, o := range objs {
+		byKey[o.Key] = o
+	}
+	type version struct {
+		log  store.ObjectInfo
+		side map[string]store.ObjectInfo // kind → object
+	}
+	// partition → base → id → version
+	parts := map[string]map[string]map[string]*version{}
+	for _, o := range objs {
+		dir, name := path.Split(o.Key)
+		dir = path.Clean(dir)
+		if pd, ok := kafka.ParsePartitionDir(dir); !ok || pd.State != kafka.DirLive || path.Dir(dir) != "." {
+			continue
+		}
+		m := objectName.FindStringSubmatch(name)
+		if m == nil {
+			continue
+		}
+		base, id, kind := m[1], m[2], m[3]
+		if parts[dir] == nil {
+			parts[dir] = map[string]map[string]*version{}
+		}
+		if parts[dir][base] == nil {
+			parts[dir][base] = map[string]*version{}
+		}
+		v := parts[dir][base][id]
+		if v == nil {
+			v = &version{side: map[string]store.ObjectInfo{}}
+			parts[dir][base][id] = v
+		}
+		if kind == kafka.KindLog {
+			v.log = o
+		} else {
+			v.side[kind] = o
+		}
+	}
+	out := map[string]store.ObjectInfo{}
+	for dir, bases := range parts {
+		var newestBase int64 = -1
+		var newest *version
+		for base, ids := range bases {
+			var pick *version
+			for _, v := range ids {
+				if v.log.Key == "" {
+					continue
+				}
+				if _, ok := byKey[chunkxfer.ManifestKey(v.log.Key)]; !ok {
+					continue // not complete (being shipped, or being deleted)
+				}
+				if pick == nil || v.log.ModTime.After(pick.log.ModTime) {
+					pick = v
+				}
+			}
+			if pick == nil {
+				continue
+			}
+			out[dir+"/"+base+kafka.KindLog] = pick.log
+			for kind, o := range pick.side {
+				if kind == ".leader-epoch-checkpoint" {
+					continue
+				}
+				out[dir+"/"+base+kind] = o
+			}
+			if b, _ := strconv.ParseInt(base, 10, 64); b > newestBase {
+				newestBase, newest = b, pick
+			}
+		}
+		if newest != nil {
+			if o, ok := newest.side[".leader-epoch-checkpoint"]; ok {
+				out[dir+"/leader-epoch-checkpoint"] = o
+			}
+		}
+	}
+	return out
+}
+
+// mirrorFile puts one file in place: a .log as an evicted stub (its
+// size, its record and manifest; no bytes), anything else downloaded.
+// It is made in the state dir and renamed into place whole, so the
+// mount never shows a stub without its record.
+func (t *Tierer) mirrorFile(ctx context.Context, rel string, o store.ObjectInfo) error {
+	tmpDir := filepath.Join(t.cfg.StateDir, "mirror-tmp")
+	if err := os.MkdirAll(tmpDir, 0o700); err != nil {
+		return err
+	}
+	f, err := os.CreateTemp(tmpDir, "file-")
+	if err != nil {
+		return err
+	}
+	tmp := f.Name()
+	defer os.Remove(tmp)
+	defer f.Close()
+	mtime := o.ModTime
+	if path.Ext(rel) == kafka.KindLog {
+		m, err := chunkxfer.LoadManifest(ctx, t.cfg.Store, o.Key)
+		if err != nil {
+			return err
+		}
+		if m.ETag != o.ETag || m.Size != o.Size {
+			return fmt.Errorf("its manifest is of another version (etag %s, %d bytes; the object's %s, %d bytes)", m.ETag, m.Size, o.ETag, o.Size)
+		}
+		if err := f.Truncate(m.Size); err != nil {
+			return err
+		}
+		var st syscall.Stat_t
+		if err := syscall.Fstat(int(f.Fd()), &st); err != nil {
+			return err
+		}
+		manRel, _ := filepath.Rel(t.cfg.StateDir, t.mirrorManifestPath(o.Key))
+		if err := writeManifestCopy(t.mirrorManifestPath(o.Key), m); err != nil {
+			return err
+		}
+		rec := Record{State: StateRemote, Key: o.Key, ETag: m.ETag, Size: m.Size, MtimeNs: mtime.UnixNano(), Ino: st.Ino, Manifest: manRel, Freed: true}
+		if err := writeRecord(tmp, rec); err != nil {
+			return err
+		}
+	} else {
+		b, err := store.ReadAll(t.cfg.Store.Get(ctx, o.Key, 0, -1, store.GetOptions{}))
+		if err != nil {
+			return err
+		}
+		if int64(len(b)) != o.Size {
+			return fmt.Errorf("read %d bytes of %d", len(b), o.Size)
+		}
+		if _, err := f.Write(b); err != nil {
+			return err
+		}
+	}
+	if err := f.Chmod(0o644); err != nil {
+		return err
+	}
+	ts := unix.NsecToTimespec(mtime.UnixNano())
+	if err := unix.UtimesNanoAt(unix.AT_FDCWD, tmp, []unix.Timespec{ts, ts}, 0); err != nil {
+		return err
+	}
+	dst := filepath.Join(t.cfg.Root, rel)
+	if err := os.MkdirAll(filepath.Dir(dst), 0o755); err != nil {
+		return err
+	}
+	return os.Rename(tmp, dst)
+}
+
+// RunMirror mirrors the store every interval until ctx ends (the
+// reader role's loop in place of Run).
+func (t *Tierer) RunMirror(ctx context.Context, interval time.Duration) {
+	tick := time.NewTicker(interval)
+	defer tick.Stop()
+	for {
+		rep := t.Mirror(ctx)
+		for _, err := range rep.Errors {
+			t.counters.Errors.Add(1)
+			t.cfg.Log.Warn("mirror", "err", err)
+		}
+		if rep.Added+rep.Removed > 0 {
+			t.cfg.Log.Info("mirrored the store", "segments", rep.Segments, "added", rep.Added, "removed", rep.Removed)
+		}
+		select {
+		case <-ctx.Done():
+			return
+		case <-tick.C:
+		}
+	}
+}

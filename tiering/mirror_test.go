@@ -1,0 +1,95 @@
+package tiering
+
+import (
+	"context"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+
+	"github.com/tierfs/tierfs/chunkxfer/store"
+)
+
+// TestMirror: a reader's root shows what a leader shipped, byte-exact
+// through the store, follows new shipments and deletions, and writes
+// nothing to the store.
+func TestMirror(t *testing.T) {
+	root, bases, sums := logDir(t)
+	s := store.NewMem(nil)
+	leader := newTierer(t, root, s, 1)
+	mustPass(t, leader)
+	readerRoot := filepath.Join(t.TempDir(), "reader")
+	os.MkdirAll(readerRoot, 0o755)
+	reader, err := New(Config{Root: readerRoot, StateDir: filepath.Join(t.TempDir(), "state"), Store: s, ChunkSize: 64 << 10})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer reader.Close()
+	writes := func() int { return s.Calls(store.OpPut) + s.Calls(store.OpPart) + s.Calls(store.OpCreate) + s.Calls(store.OpDelete) }
+	before := writes()
+	ctx := context.Background()
+	rep := reader.Mirror(ctx)
+	if len(rep.Errors) > 0 {
+		t.Fatal(rep.Errors)
+	}
+	// Every segment the leader shipped, with its sidecars.
+	shipped := 0
+	for _, p := range []string{"orders-0", "orders-1"} {
+		for _, base := range bases[p] {
+			seg := filepath.Join(root, p, kafkaName(base, ".log"))
+			rec, has, _ := readRecord(seg)
+			if !has {
+				continue
+			}
+			shipped++
+			mirrored := filepath.Join(readerRoot, p, kafkaName(base, ".log"))
+			if st, _, err := reader.State(mirrored); err != nil || st != StateRemote {
+				t.Fatalf("%s: state %s %v", mirrored, st, err)
+			}
+			if sha(readAll(t, reader, mirrored)) != sums[seg] {
+				t.Fatalf("%s reads other bytes", mirrored)
+			}
+			if blocks(t, mirrored) > 8192 {
+				t.Errorf("%s holds local bytes", mirrored)
+			}
+			if fi, err := os.Stat(mirrored); err != nil || fi.Size() != rec.Size {
+				t.Errorf("%s: %v, size %d of %d", mirrored, err, fi.Size(), rec.Size)
+			}
+			for _, ext := range []string{".index", ".timeindex"} {
+				b, err := os.ReadFile(filepath.Join(readerRoot, p, kafkaName(base, ext)))
+				if err != nil || sha(b) != sums[filepath.Join(root, p, kafkaName(base, ext))] {
+					t.Errorf("%s: %v, or other bytes", kafkaName(base, ext), err)
+				}
+			}
+		}
+		if _, err := os.Stat(filepath.Join(readerRoot, p, "leader-epoch-checkpoint")); err != nil {
+			t.Errorf("%s: no leader-epoch-checkpoint: %v", p, err)
+		}
+	}
+	if shipped == 0 || rep.Segments != shipped {
+		t.Fatalf("%d shipped, %d mirrored", shipped, rep.Segments)
+	}
+	if again := reader.Mirror(ctx); again.Added+again.Removed != 0 || len(again.Errors) > 0 {
+		t.Fatalf("a second pass changed things: %+v", again)
+	}
+	// A reader pass never ships: its root's segments are all remote.
+	if r := reader.RunOnce(ctx); r.Shipped != 0 || len(r.Errors) > 0 {
+		t.Fatalf("a tiering pass on the reader: %+v", r)
+	}
+	if n := writes() - before; n != 0 {
+		t.Fatalf("the reader wrote to the store %d times", n)
+	}
+	// The leader's segment 0 goes (retention): the reader follows.
+	seg0 := filepath.Join(root, "orders-0", kafkaName(bases["orders-0"][0], ".log"))
+	for _, ext := range []string{".log", ".index", ".timeindex"} {
+		os.Remove(strings.TrimSuffix(seg0, ".log") + ext)
+	}
+	mustPass(t, leader)
+	rep = reader.Mirror(ctx)
+	if rep.Removed < 1 || len(rep.Errors) > 0 {
+		t.Fatalf("after a deletion: %+v", rep)
+	}
+	if _, err := os.Stat(filepath.Join(readerRoot, "orders-0", filepath.Base(seg0))); !os.IsNotExist(err) {
+		t.Fatalf("deleted segment still mirrored: %v", err)
+	}
+}
