@@ -25,7 +25,9 @@ func TestMirror(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer reader.Close()
-	writes := func() int { return s.Calls(store.OpPut) + s.Calls(store.OpPart) + s.Calls(store.OpCreate) + s.Calls(store.OpDelete) }
+	writes := func() int {
+		return s.Calls(store.OpPut) + s.Calls(store.OpPart) + s.Calls(store.OpCreate) + s.Calls(store.OpDelete)
+	}
 	before := writes()
 	ctx := context.Background()
 	rep := reader.Mirror(ctx)
