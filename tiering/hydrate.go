@@ -7,11 +7,14 @@ import (
 	"io"
 	"os"
 	"path/filepath"
+	"strings"
 	"syscall"
 
 	"golang.org/x/sys/unix"
 
 	"github.com/tierfs/tierfs/chunkxfer"
+	"github.com/tierfs/tierfs/chunkxfer/store"
+	"github.com/tierfs/tierfs/idx/kafka"
 )
 
 // HydrateNow brings the bytes of the evicted segment rel back to local
@@ -86,6 +89,9 @@ func (t *Tierer) Hydrate(ctx context.Context, path string, progress chunkxfer.Pr
 	if err := fill(path, tmp, rec); err != nil {
 		return err
 	}
+	if err := t.restoreIndexes(ctx, path, rec); err != nil {
+		return err
+	}
 	// Under the gate no read of local bytes or write is under way: the
 	// file becomes local with its own mtime back.
 	unlock := t.cfg.Gate.Lock(rec.Ino)
@@ -155,3 +161,47 @@ func fill(path, from string, rec Record) error {
 // Hydrations counts the hydrations finished: a file found remote before
 // a later count may be local now.
 func (t *Tierer) Hydrations() uint64 { return t.hydrations.Load() }
+
+// restoreIndexes puts back a hydrated segment's .index and .timeindex if
+// they are missing (Kafka keeps them local, but a user may have removed
+// them): the copies shipped with it, or, where the store has none,
+// rebuilt from its records as the broker writes them.
+func (t *Tierer) restoreIndexes(ctx context.Context, path string, rec Record) error {
+	sn, ok := kafka.ParseSegmentName(filepath.Base(path))
+	if !ok || sn.Kind != kafka.KindLog || sn.Suffix != "" {
+		return nil // being deleted or cleaned: the broker does not need them
+	}
+	var built map[string][]byte
+	for _, kind := range []string{kafka.KindIndex, kafka.KindTimeIndex} {
+		p := strings.TrimSuffix(path, kafka.KindLog) + kind
+		if _, err := os.Lstat(p); err == nil {
+			continue
+		}
+		b, err := store.ReadAll(t.cfg.Store.Get(ctx, strings.TrimSuffix(rec.Key, kafka.KindLog)+kind, 0, -1, store.GetOptions{}))
+		if errors.Is(err, store.ErrNotFound) {
+			if built == nil {
+				f, err := os.Open(path)
+				if err != nil {
+					return err
+				}
+				offs, times, err := kafka.BuildIndexes(path, f, rec.Size, sn.BaseOffset, kafka.DefaultIndexInterval)
+				f.Close()
+				if err != nil {
+					return fmt.Errorf("rebuild the indexes of %s: %w", path, err)
+				}
+				built = map[string][]byte{kafka.KindIndex: offs, kafka.KindTimeIndex: times}
+			}
+			b, err = built[kind], nil
+			t.cfg.Log.Info("rebuilt a missing index of a hydrated segment", "index", p)
+		} else if err == nil {
+			t.cfg.Log.Info("restored a missing index of a hydrated segment from the store", "index", p)
+		}
+		if err != nil {
+			return fmt.Errorf("restore %s: %w", p, err)
+		}
+		if err := writeFileAtomic(p, b); err != nil {
+			return err
+		}
+	}
+	return nil
+}

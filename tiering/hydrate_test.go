@@ -5,11 +5,13 @@ import (
 	"errors"
 	"os"
 	"path/filepath"
+	"strings"
 	"syscall"
 	"testing"
 	"time"
 
 	"github.com/tierfs/tierfs/chunkxfer/store"
+	"github.com/tierfs/tierfs/idx/kafka"
 )
 
 func blocks(t *testing.T, p string) int64 {
@@ -66,6 +68,15 @@ func TestHydrate(t *testing.T) {
 		}
 	}
 
+	// Its indexes were removed: the one the store has comes back, the
+	// one it lacks is rebuilt.
+	ixPath, tixPath := strings.TrimSuffix(p, ".log")+".index", strings.TrimSuffix(p, ".log")+".timeindex"
+	os.Remove(ixPath)
+	os.Remove(tixPath)
+	rec0, _, _ := readRecord(p)
+	if err := s.Delete(ctx, strings.TrimSuffix(rec0.Key, ".log")+".timeindex"); err != nil {
+		t.Fatal(err)
+	}
 	gen := tr.Hydrations()
 	var done, total int64
 	st, err := tr.HydrateNow(ctx, rel, func(d, tot int64) { done, total = d, tot })
@@ -82,6 +93,14 @@ func TestHydrate(t *testing.T) {
 	}
 	if blocks(t, p) < before.Size() {
 		t.Errorf("only %d bytes allocated", blocks(t, p))
+	}
+	if b, err := os.ReadFile(ixPath); err != nil || sha(b) != sums[ixPath] {
+		t.Errorf("the .index was not restored from the store: %v", err)
+	}
+	if b, err := os.ReadFile(tixPath); err != nil || len(b) == 0 {
+		t.Errorf("the .timeindex was not rebuilt: %v", err)
+	} else if _, err := kafka.ParseTimeIndex(tixPath, bases["orders-0"][1], b); err != nil {
+		t.Errorf("rebuilt .timeindex: %v", err)
 	}
 	// Its remote copy is still good: it is evicted again without an
 	// upload, and hydrating a local file does nothing.
