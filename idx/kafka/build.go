@@ -23,6 +23,7 @@ func BuildIndexes(name string, r io.ReaderAt, size, base int64, interval int64) 
 	var since int64
 	maxTS, maxTSOffset := int64(-1), int64(-1)
 	lastTS := int64(-1) // of the last time entry
+	prevLast := base - 1
 	appendTime := func() {
 		if maxTS > lastTS {
 			times = binary.BigEndian.AppendUint64(times, uint64(maxTS))
@@ -31,6 +32,13 @@ func BuildIndexes(name string, r io.ReaderAt, size, base int64, interval int64) 
 		}
 	}
 	res, err := ScanBatches(name, r, size, ScanOptions{}, func(b Batch) error {
+		if b.BaseOffset < base || b.LastOffset < b.BaseOffset {
+			return fmt.Errorf("%s: batch at %d: offsets %d..%d are not at or past the segment's base %d", name, b.Position, b.BaseOffset, b.LastOffset, base)
+		}
+		if b.BaseOffset <= prevLast {
+			return fmt.Errorf("%s: batch at %d: offset %d does not follow the batch before (last offset %d)", name, b.Position, b.BaseOffset, prevLast)
+		}
+		prevLast = b.LastOffset
 		if b.LastOffset-base > 1<<31-1 || b.Position > 1<<31-1 {
 			return fmt.Errorf("%s: batch at %d: offset %d or position too far from base %d for an index", name, b.Position, b.LastOffset, base)
 		}

@@ -68,3 +68,26 @@ func TestBuildIndexes(t *testing.T) {
 		t.Error("a torn segment was indexed")
 	}
 }
+
+// FuzzBuildIndexes: any bytes give indexes that parse, or an error;
+// never a panic.
+func FuzzBuildIndexes(f *testing.F) {
+	var seg []byte
+	for i := range 30 {
+		seg = append(seg, kafkatest.Encode(kafkatest.Batch{Base: int64(i) * 3, Records: 3, ValueSize: 200, TS: int64(100 + i)})...)
+	}
+	f.Add(seg, int64(0), int64(512))
+	f.Add(seg[:100], int64(0), int64(0))
+	f.Fuzz(func(t *testing.T, b []byte, base, interval int64) {
+		offs, times, err := kafka.BuildIndexes("fuzz", bytes.NewReader(b), int64(len(b)), base, interval%100000)
+		if err != nil {
+			return
+		}
+		if _, err := kafka.ParseOffsetIndex("fuzz.index", base, offs); err != nil {
+			t.Fatalf("built offset index does not parse: %v", err)
+		}
+		if _, err := kafka.ParseTimeIndex("fuzz.timeindex", base, times); err != nil {
+			t.Fatalf("built time index does not parse: %v", err)
+		}
+	})
+}
