@@ -1,7 +1,9 @@
 package e2e
 
 import (
+	"bytes"
 	"fmt"
+	"math/rand/v2"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -207,14 +209,6 @@ func TestHydrateByHand(t *testing.T) {
 			if out, code := tierfs(t, nil, "evict", seg); code != 0 {
 				t.Fatalf("evict: %s", out)
 			}
-			// Writes to an evicted file are refused, naming hydrate.
-			if f, err := os.OpenFile(seg, os.O_WRONLY, 0); err == nil {
-				_, err = f.WriteAt([]byte("x"), 0)
-				f.Close()
-				if err == nil {
-					t.Fatal("wrote to an evicted file")
-				}
-			}
 			// A reader that found it remote.
 			old, err := os.Open(seg)
 			if err != nil {
@@ -260,4 +254,120 @@ func TestHydrateByHand(t *testing.T) {
 			}
 		})
 	}
+}
+
+// TestWriteToEvictedFile: an evicted segment opened for writing starts
+// coming back; with the store down its writes and truncates still
+// return (they go to its catch-up log) and reads of what was written see
+// it; tierfs is killed (SIGKILL) in the middle; at the next mount, with
+// the store back, the move ends and the file is exactly what a plain
+// file would be, local; O_TRUNC of an evicted file needs no download.
+func TestWriteToEvictedFile(t *testing.T) {
+	requireRoot(t)
+	r := remotes(t)[1] // S3: the server can be stopped
+	_, backing, mnt := mountDirs(t)
+	bases, err := kafkatest.LogDir{Topic: "orders", Partitions: 1, Segments: 5, Batches: 60, Records: 16, ValueSize: 1000, Unflushed: 1, Age: time.Hour}.Write(backing)
+	if err != nil {
+		t.Fatal(err)
+	}
+	args := []string{"--backing", backing, "--remote", r.url, "--ship-after", "1000h", "--tier-interval", "200ms", "--cache-bytes", "1024", mnt}
+	m := startMount(t, r.env, args...)
+	seg := func(i int) string {
+		return filepath.Join(mnt, "orders-0", fmt.Sprintf("%020d.log", bases["orders-0"][i]))
+	}
+	model, err := os.ReadFile(seg(1))
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, i := range []int{0, 1} {
+		if out, code := tierfs(t, nil, "evict", seg(i)); code != 0 {
+			t.Fatalf("evict: %s", out)
+		}
+	}
+
+	r.srv.Stop()
+	f, err := os.OpenFile(seg(1), os.O_RDWR, 0)
+	if err != nil {
+		t.Fatalf("open an evicted file for writing with the store down: %v", err)
+	}
+	rnd := rand.New(rand.NewPCG(3, 9))
+	for i := range 60 {
+		off := rnd.Int64N(int64(len(model)) + 4096)
+		b := make([]byte, 1+rnd.IntN(9000))
+		for j := range b {
+			b[j] = byte(rnd.Uint32())
+		}
+		if _, err := f.WriteAt(b, off); err != nil {
+			t.Fatalf("write %d with the store down: %v", i, err)
+		}
+		if end := off + int64(len(b)); end > int64(len(model)) {
+			model = append(model, make([]byte, end-int64(len(model)))...)
+		}
+		copy(model[off:], b)
+		if i == 30 {
+			if err := f.Truncate(int64(len(model)) - 5000); err != nil {
+				t.Fatalf("truncate with the store down: %v", err)
+			}
+			model = model[:len(model)-5000]
+		}
+	}
+	if err := f.Sync(); err != nil {
+		t.Fatalf("fsync: %v", err)
+	}
+	if fi, _ := f.Stat(); fi.Size() != int64(len(model)) {
+		t.Errorf("size while moving %d, want %d", fi.Size(), len(model))
+	}
+	f.Close()
+	if logs, _ := filepath.Glob(filepath.Join(backing, ".tierfs", "catchup", "*.log")); len(logs) != 1 {
+		t.Fatalf("catch-up logs %v, want one", logs)
+	}
+	m.cmd.Process.Signal(syscall.SIGKILL)
+	<-m.done
+	exec.Command("umount", "-l", mnt).Run()
+	if err := r.srv.Restart(); err != nil {
+		t.Fatal(err)
+	}
+
+	m = startMount(t, r.env, args...)
+	waitFor(t, 60*time.Second, "the move to end after the restart", func() bool { return state(seg(1)) == "local" }, m.Log)
+	got, err := os.ReadFile(seg(1))
+	if err != nil || !bytes.Equal(got, model) {
+		t.Fatalf("after the move: %d bytes (%v), model %d bytes; equal %v\n%s", len(got), err, len(model), bytes.Equal(got, model), m.Log())
+	}
+	if ents, _ := os.ReadDir(filepath.Join(backing, ".tierfs", "catchup")); len(ents) != 0 {
+		t.Errorf("catch-up logs left: %v", ents)
+	}
+	if !strings.Contains(m.Log(), "resumed a move a crash interrupted") {
+		t.Errorf("the move was not resumed from its log:\n%s", m.Log())
+	}
+
+	// With the store up: writes, then reads at once (original bytes under
+	// them), then the end.
+	f, err = os.OpenFile(seg(0), os.O_RDWR, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	want, _ := os.ReadFile(seg(0))
+	f.WriteAt([]byte("written while moving"), 100)
+	copy(want[100:], "written while moving")
+	buf := make([]byte, 300)
+	if _, err := f.ReadAt(buf, 0); err != nil || !bytes.Equal(buf, want[:300]) {
+		t.Fatalf("read while moving: %v, equal %v", err, bytes.Equal(buf, want[:300]))
+	}
+	f.Close()
+	waitFor(t, 30*time.Second, "segment 0 local", func() bool { return state(seg(0)) == "local" }, m.Log)
+	if got, _ := os.ReadFile(seg(0)); !bytes.Equal(got, want) {
+		t.Fatal("segment 0 after its move differs")
+	}
+	// O_TRUNC of an evicted file: its new bytes, at once.
+	if out, code := tierfs(t, nil, "evict", seg(2)); code != 0 {
+		t.Fatalf("evict: %s", out)
+	}
+	if err := os.WriteFile(seg(2), []byte("replaced"), 0o644); err != nil {
+		t.Fatalf("O_TRUNC of an evicted file: %v", err)
+	}
+	if b, _ := os.ReadFile(seg(2)); string(b) != "replaced" {
+		t.Fatalf("after O_TRUNC: %q", b)
+	}
+	waitFor(t, 30*time.Second, "segment 2 local", func() bool { return state(seg(2)) == "local" }, m.Log)
 }

@@ -37,22 +37,43 @@ func (n *node) openSelf(flags int) (int, error) {
 
 func (n *node) Open(ctx context.Context, flags uint32) (gofs.FileHandle, uint32, syscall.Errno) {
 	oflags := openFlags(flags)
-	if n.root.changes != nil {
-		oflags &^= syscall.O_TRUNC // done after the original is retained
+	if n.root.changes != nil || n.root.tiering != nil {
+		// Done after the original is retained, or through the catch-up
+		// log of an evicted file: its backing file must keep its size.
+		oflags &^= syscall.O_TRUNC
 	}
 	fd, err := n.openSelf(oflags)
 	if err != nil {
 		return nil, 0, toErrno(err)
 	}
 	rel := n.Path(n.Root())
-	if flags&syscall.O_TRUNC != 0 && n.root.changes != nil {
-		// The original is retained before the open cuts it.
-		if err := n.truncateTracked(fd, rel, 0, func() error { return unix.Ftruncate(fd, 0) }); err != nil {
+	if flags&syscall.O_TRUNC != 0 && (n.root.changes != nil || n.root.tiering != nil) {
+		cut := func() error {
+			if moved, err := n.truncateRemote(fd, 0); moved || err != nil {
+				return err
+			}
+			return unix.Ftruncate(fd, 0)
+		}
+		if n.root.changes != nil {
+			// The original is retained before the open cuts it.
+			err = n.truncateTracked(fd, rel, 0, cut)
+		} else {
+			err = cut()
+		}
+		if err != nil {
 			unix.Close(fd)
 			return nil, 0, toErrno(err)
 		}
 	}
 	fh, fl, err := n.newHandle(ctx, fd, flags, rel)
+	if err == nil && flags&(syscall.O_WRONLY|syscall.O_RDWR) != 0 {
+		// An evicted file opened for writing starts coming back now.
+		if _, ok := fh.(*tieredFile); ok {
+			if _, merr := n.remoteMove(fd); merr != nil {
+				n.root.log.Debug("an evicted file opened for writing stays remote", "path", rel, "err", merr)
+			}
+		}
+	}
 	return fh, fl, toErrno(err)
 }
 

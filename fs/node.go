@@ -174,6 +174,7 @@ func (n *node) childFromPathFd(ctx context.Context, name string, fd int, out *fu
 	}
 	fillAttr(&out.Attr, &st)
 	id := n.root.stableAttr(&st, h)
+	n.root.moveAttr(id.Ino, &out.Attr)
 	if known := n.GetChild(name); known != nil && h.ok && known.StableAttr() == id {
 		unix.Close(fd)
 		return n.NewInode(ctx, &node{root: n.root, fd: -1, handle: h}, id), nil
@@ -200,6 +201,7 @@ func (n *node) Getattr(ctx context.Context, f gofs.FileHandle, out *fuse.AttrOut
 		if lf, ok := f.(interface{ backingFd() int }); ok && errno == 0 {
 			n.fixNlink(lf.backingFd(), &out.Attr)
 		}
+		n.moveAttr(&out.Attr)
 		return errno
 	}
 	fd, unpin, err := n.pin()
@@ -213,6 +215,7 @@ func (n *node) Getattr(ctx context.Context, f gofs.FileHandle, out *fuse.AttrOut
 	}
 	fillAttr(&out.Attr, &st)
 	n.fixNlink(fd, &out.Attr)
+	n.moveAttr(&out.Attr)
 	return 0
 }
 
@@ -226,8 +229,8 @@ func (n *node) Setattr(ctx context.Context, f gofs.FileHandle, in *fuse.SetAttrI
 		return toErrno(err)
 	}
 	defer unpin()
-	if err := n.checkNotRemote(fd); err != nil {
-		return toErrno(err)
+	if _, err := n.remoteMove(fd); err != nil {
+		return toErrno(err) // with cm, an evicted file is not changed
 	}
 	var errno syscall.Errno
 	err = n.truncateTracked(fd, n.Path(n.Root()), int64(sz), func() error {
@@ -248,9 +251,15 @@ func (n *node) setattr(ctx context.Context, f gofs.FileHandle, in *fuse.SetAttrI
 		return toErrno(err)
 	}
 	defer unpin()
-	if _, ok := in.GetSize(); ok {
-		if err := n.checkNotRemote(fd); err != nil {
+	if sz, ok := in.GetSize(); ok {
+		moved, err := n.truncateRemote(fd, int64(sz))
+		if err != nil {
 			return toErrno(err)
+		}
+		if moved {
+			rest := *in
+			rest.Valid &^= fuse.FATTR_SIZE
+			in = &rest
 		}
 	}
 	if err := setattrFd(fd, in); err != nil {
@@ -261,6 +270,7 @@ func (n *node) setattr(ctx context.Context, f gofs.FileHandle, in *fuse.SetAttrI
 		return toErrno(err)
 	}
 	fillAttr(&out.Attr, &st)
+	n.moveAttr(&out.Attr)
 	return 0
 }
 

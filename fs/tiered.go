@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"os"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -38,6 +39,22 @@ type Tiering interface {
 	// Hydrations counts the remote files made local again: a file found
 	// remote at one count may be local at a later one.
 	Hydrations() uint64
+	// StartMove makes the remote file rel (inode ino) moving: changed
+	// through its catch-up log while its bytes come back (see Mover); nil
+	// if it is not remote. Moving is the move of ino under way, or nil.
+	StartMove(rel string, ino uint64) (Mover, error)
+	Moving(ino uint64) Mover
+}
+
+// Mover is an evicted file being changed while its bytes come back:
+// reads and writes go through it, never waiting for the download. Once
+// the file is local its methods return os.ErrClosed: use the file.
+type Mover = interface {
+	ReadAt(p []byte, off int64) (int, error)
+	WriteAt(p []byte, off int64) (int, error)
+	Truncate(size int64) error
+	Sync() error
+	Attr() (size, mtimeNs int64)
 }
 
 // RemoteReader reads a file's bytes from the store, each checked. An
@@ -105,6 +122,16 @@ func (tf *tieredFile) state() (string, error) {
 }
 
 func (tf *tieredFile) Read(ctx context.Context, dest []byte, off int64) (fuse.ReadResult, syscall.Errno) {
+	if mv := tf.t.Moving(tf.ino); mv != nil {
+		n, err := mv.ReadAt(dest, off)
+		if !errors.Is(err, os.ErrClosed) {
+			if err != nil && !errors.Is(err, io.EOF) {
+				tf.node.root.log.Error("read of a moving file failed", "ino", tf.ino, "offset", off, "err", err)
+				return nil, toErrno(&remoteError{err})
+			}
+			return fuse.ReadResultData(dest[:n]), 0
+		}
+	}
 	if at := tf.evictedAt.Load(); at != 0 && at == tf.t.Hydrations()+1 {
 		return tf.readRemote(dest, off)
 	}
@@ -219,21 +246,65 @@ func (tf *tieredFile) refuseRemote(fn func() syscall.Errno) syscall.Errno {
 	return fn()
 }
 
+// Write writes the file; a remote file starts moving, and the write goes
+// to its catch-up log.
 func (tf *tieredFile) Write(ctx context.Context, data []byte, off int64) (uint32, syscall.Errno) {
-	var n uint32
-	errno := tf.refuseRemote(func() syscall.Errno {
-		var e syscall.Errno
-		n, e = tf.localFile.Write(ctx, data, off)
-		return e
-	})
-	return n, errno
+	for range 3 {
+		if mv := tf.t.Moving(tf.ino); mv != nil {
+			n, err := mv.WriteAt(data, off)
+			if errors.Is(err, os.ErrClosed) {
+				continue // local now
+			}
+			return uint32(n), toErrno(err)
+		}
+		var n uint32
+		errno := tf.refuseRemote(func() syscall.Errno {
+			var e syscall.Errno
+			n, e = tf.localFile.Write(ctx, data, off)
+			return e
+		})
+		if errno != toErrno(ErrRemote) {
+			return n, errno
+		}
+		if _, err := tf.node.remoteMove(int(tf.f.Fd())); err != nil {
+			return 0, toErrno(err)
+		}
+	}
+	return 0, toErrno(ErrRemote)
 }
 
 func (tf *tieredFile) Setattr(ctx context.Context, in *fuse.SetAttrIn, out *fuse.AttrOut) syscall.Errno {
-	if _, ok := in.GetSize(); !ok {
-		return tf.localFile.Setattr(ctx, in, out)
+	sz, ok := in.GetSize()
+	if !ok {
+		errno := tf.localFile.Setattr(ctx, in, out)
+		tf.node.moveAttr(&out.Attr)
+		return errno
+	}
+	mv, err := tf.node.remoteMove(int(tf.f.Fd()))
+	if err != nil {
+		return toErrno(err)
+	}
+	if mv != nil {
+		if err := mv.Truncate(int64(sz)); err == nil {
+			rest := *in
+			rest.Valid &^= fuse.FATTR_SIZE
+			errno := tf.localFile.Setattr(ctx, &rest, out)
+			tf.node.moveAttr(&out.Attr)
+			return errno
+		} else if !errors.Is(err, os.ErrClosed) {
+			return toErrno(err)
+		}
 	}
 	return tf.refuseRemote(func() syscall.Errno { return tf.localFile.Setattr(ctx, in, out) })
+}
+
+func (tf *tieredFile) Fsync(ctx context.Context, flags uint32) syscall.Errno {
+	if mv := tf.t.Moving(tf.ino); mv != nil {
+		if err := mv.Sync(); err != nil && !errors.Is(err, os.ErrClosed) {
+			return toErrno(err)
+		}
+	}
+	return tf.localFile.Fsync(ctx, flags)
 }
 
 func (tf *tieredFile) Allocate(ctx context.Context, off uint64, size uint64, mode uint32) syscall.Errno {
@@ -322,17 +393,65 @@ func filterXattrList(b []byte) []byte {
 	return out
 }
 
-// checkNotRemote refuses a truncate of an evicted file by path.
-func (n *node) checkNotRemote(fd int) error {
-	if n.root.tiering == nil {
-		return nil
+// remoteMove is the move of the file open at fd: under way, or started
+// now if the file is remote; nil for a local file. With change
+// management a remote file is not changed (ErrRemote): its original
+// could not be retained from a catch-up log.
+func (n *node) remoteMove(fd int) (Mover, error) {
+	t := n.root.tiering
+	if t == nil {
+		return nil, nil
 	}
-	st, _, err := n.root.tiering.State(procFd(fd))
+	ino := n.StableAttr().Ino
+	if mv := t.Moving(ino); mv != nil {
+		return mv, nil
+	}
+	st, _, err := t.State(procFd(fd))
+	if err != nil || st != "remote" {
+		return nil, err
+	}
+	if n.root.changes != nil {
+		return nil, fmt.Errorf("change: %w", ErrRemote)
+	}
+	mv, err := t.StartMove(n.Path(n.Root()), ino)
 	if err != nil {
-		return err
+		n.root.log.Error("cannot start moving an evicted file back", "path", n.Path(n.Root()), "err", err)
+		return nil, err
 	}
-	if st == "remote" {
-		return fmt.Errorf("truncate: %w", ErrRemote)
+	return mv, nil
+}
+
+// truncateRemote truncates the file open at fd if it is remote (through
+// its move) and says whether it did.
+func (n *node) truncateRemote(fd int, size int64) (bool, error) {
+	mv, err := n.remoteMove(fd)
+	if err != nil || mv == nil {
+		return false, err
 	}
-	return nil
+	if err := mv.Truncate(size); err != nil {
+		if errors.Is(err, os.ErrClosed) {
+			return false, nil // local now
+		}
+		return false, err
+	}
+	return true, nil
+}
+
+// moveAttr gives a moving file's size and mtime (its backing file has
+// neither yet).
+func (n *node) moveAttr(a *fuse.Attr) { n.root.moveAttr(n.StableAttr().Ino, a) }
+
+func (r *Root) moveAttr(ino uint64, a *fuse.Attr) {
+	t := r.tiering
+	if t == nil {
+		return
+	}
+	mv := t.Moving(ino)
+	if mv == nil {
+		return
+	}
+	size, mt := mv.Attr()
+	a.Size = uint64(size)
+	a.Blocks = (a.Size + 511) / 512
+	a.Mtime, a.Mtimensec = uint64(mt/1e9), uint32(mt%1e9)
 }

@@ -7,6 +7,7 @@ import (
 	"io"
 	"os"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"syscall"
 
@@ -58,6 +59,11 @@ func (t *Tierer) Hydrate(ctx context.Context, path string, progress chunkxfer.Pr
 	if err != nil {
 		return err
 	}
+	ino := "ino:" + strconv.FormatUint(rec.Ino, 10)
+	if !t.claim(ino) {
+		return fmt.Errorf("%s: %w", path, ErrBusy)
+	}
+	defer t.release(ino)
 	if !has || rec.State != StateRemote {
 		if progress != nil {
 			progress(1, 1)

@@ -14,6 +14,7 @@ import (
 	"path/filepath"
 	"slices"
 	"sort"
+	"strconv"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -85,6 +86,13 @@ type Tierer struct {
 
 	hydrations atomic.Uint64 // finished (see Hydrations)
 
+	stop        chan struct{} // closed by Close
+	stopOnce    sync.Once
+	moveMu      sync.Mutex       // one StartMove at a time
+	moves       map[uint64]*Move // by inode; GUARDED_BY(mu)
+	nmoves      atomic.Int64
+	recoverOnce sync.Once
+
 	counters Counters
 }
 
@@ -148,7 +156,7 @@ func New(cfg Config) (*Tierer, error) {
 		}
 		cfg.Cache = c
 	}
-	t := &Tierer{cfg: cfg, indexes: map[string]*idx.File{}, plocks: map[string]*sync.Mutex{}, lastErr: map[string]PartitionError{}, shipping: map[uint64]bool{}, busy: map[string]bool{}, ready: make(chan struct{})}
+	t := &Tierer{cfg: cfg, indexes: map[string]*idx.File{}, plocks: map[string]*sync.Mutex{}, lastErr: map[string]PartitionError{}, shipping: map[uint64]bool{}, busy: map[string]bool{}, moves: map[uint64]*Move{}, stop: make(chan struct{}), ready: make(chan struct{})}
 	if cfg.Root != "" && cfg.StateDir != "" {
 		t.SetRoot(cfg.Root, cfg.StateDir)
 	}
@@ -164,6 +172,9 @@ func (t *Tierer) SetRoot(root, stateDir string) {
 		t.up.Limit = rate.NewLimiter(rate.Limit(t.cfg.ShipRate), int(min(t.cfg.ShipRate, 1<<20)))
 	}
 	close(t.ready)
+	// Moves a crash interrupted are under way again before the mount
+	// is announced, so their files show their sizes from the start.
+	t.recoverOnce.Do(t.recoverMoves)
 }
 
 // waitReady waits (briefly) for SetRoot.
@@ -176,8 +187,9 @@ func (t *Tierer) waitReady() error {
 	}
 }
 
-// Close closes the partition index files.
+// Close closes the partition index files, and stops retrying moves.
 func (t *Tierer) Close() error {
+	t.stopOnce.Do(func() { close(t.stop) })
 	t.mu.Lock()
 	defer t.mu.Unlock()
 	for _, f := range t.indexes {
@@ -208,6 +220,7 @@ func (t *Tierer) RunOnce(ctx context.Context) Report {
 		rep.Errors = append(rep.Errors, err)
 		return rep
 	}
+	t.recoverOnce.Do(t.recoverMoves)
 	if t.begin() != nil {
 		return rep // unmounting
 	}
@@ -283,13 +296,13 @@ func (t *Tierer) shipPartition(ctx context.Context, p Partition, cp Checkpoints,
 			// An unfreed remote file is an eviction or a hydration
 			// that tierfs died in: its local bytes go. One under way
 			// now holds its claim.
-			if rec.State == StateRemote && !rec.Freed && t.claim(seg.Path) {
+			if ino := "ino:" + strconv.FormatUint(seg.Ino, 10); rec.State == StateRemote && !rec.Freed && t.claim(ino) {
 				if fixed, err := t.finishEvict(seg, rec); err != nil {
 					rep.Errors = append(rep.Errors, t.noteErr(p.Name, err))
 				} else if fixed {
 					rep.Recovered++
 				}
-				t.release(seg.Path)
+				t.release(ino)
 			}
 			continue
 		}

@@ -1,0 +1,608 @@
+package tiering
+
+import (
+	"context"
+	"encoding/binary"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"hash/crc32"
+	"io"
+	"os"
+	"path/filepath"
+	"sort"
+	"strconv"
+	"sync"
+	"syscall"
+	"time"
+
+	"golang.org/x/sys/unix"
+
+	"github.com/tierfs/tierfs/chunkxfer"
+)
+
+// A Move is an evicted file coming back to local disk because it is
+// being changed (opened for writing, or truncated, through the mount):
+// it is *moving*. Its bytes are downloaded in the background; meanwhile
+// every write and truncate is appended to the file's catch-up log
+// (catchup/<inode>.log in the state dir, on disk, unbounded) and returns
+// at once, never waiting for the download. Reads see the original bytes
+// (from the store) under what the log changed. Once the download is in,
+// the log is applied in order, under the gate, and the file is local:
+// its remote copy is stale, and goes as any changed file's does.
+//
+// The guarantee after a crash: the catch-up log is written before a
+// write returns, so a kill -9 of tierfs loses no acknowledged write; a
+// machine crash loses what was not fsynced, as for any file (fsync of a
+// moving file syncs its log). At the next start the half-downloaded
+// bytes are discarded, the download starts again, and the log is
+// replayed on top.
+type Move struct {
+	t    *Tierer
+	rel  string
+	fd   *os.File // the backing file, open for writing
+	rec  Record
+	logf *os.File
+
+	mu      sync.Mutex
+	logEnd  int64    // GUARDED_BY(mu)
+	ext     []extent // written ranges, sorted, not overlapping; GUARDED_BY(mu)
+	size    int64    // the file's size now; GUARDED_BY(mu)
+	cut     int64    // original bytes at and past cut are gone (truncated); GUARDED_BY(mu)
+	mtimeNs int64    // GUARDED_BY(mu)
+	changed bool     // GUARDED_BY(mu)
+	done    bool     // the file is local: use it; GUARDED_BY(mu)
+
+	remote interface {
+		ReadAt(p []byte, off int64) (int, error)
+		Close() error
+	} // the store's copy, for original bytes
+	finished chan struct{}
+	err      error // of the move, once finished
+}
+
+// extent is bytes [off, end) of the file, held at pos in the log.
+type extent struct{ off, end, pos int64 }
+
+// Catch-up log records: crc32c (4) | op (1) | off (8) | len (4) | data.
+// The crc covers op to the end of data. The first record (op 0) holds
+// the move's header as JSON.
+const (
+	recHeader   = 0
+	recWrite    = 1
+	recTruncate = 2
+	recHdrLen   = 17
+)
+
+type moveHeader struct {
+	Rel  string `json:"rel"`
+	Ino  uint64 `json:"ino"`
+	Key  string `json:"key"`
+	Size int64  `json:"size"`
+}
+
+func (t *Tierer) catchupPath(ino uint64) string {
+	return filepath.Join(t.cfg.StateDir, "catchup", strconv.FormatUint(ino, 10)+".log")
+}
+
+// Moving is the move under way of inode ino, or nil.
+func (t *Tierer) Moving(ino uint64) interface {
+	ReadAt(p []byte, off int64) (int, error)
+	WriteAt(p []byte, off int64) (int, error)
+	Truncate(size int64) error
+	Sync() error
+	Attr() (size, mtimeNs int64)
+} {
+	if t.nmoves.Load() == 0 {
+		return nil
+	}
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	if m := t.moves[ino]; m != nil {
+		return m
+	}
+	return nil
+}
+
+// StartMove makes the evicted file rel (from the root) moving, or
+// returns its move under way. A file that is not remote has no move:
+// nil, nil.
+func (t *Tierer) StartMove(rel string, ino uint64) (interface {
+	ReadAt(p []byte, off int64) (int, error)
+	WriteAt(p []byte, off int64) (int, error)
+	Truncate(size int64) error
+	Sync() error
+	Attr() (size, mtimeNs int64)
+}, error) {
+	if err := t.waitReady(); err != nil {
+		return nil, err
+	}
+	t.moveMu.Lock()
+	defer t.moveMu.Unlock()
+	if m := t.Moving(ino); m != nil {
+		return m, nil
+	}
+	m, err := t.startMove(rel, ino, nil)
+	if m == nil || err != nil {
+		return nil, err
+	}
+	return m, nil
+}
+
+// startMove begins a move; old, when set, is the catch-up log of a move
+// a crash interrupted, replayed into the new one.
+func (t *Tierer) startMove(rel string, ino uint64, old *os.File) (*Move, error) {
+	path := filepath.Join(t.cfg.Root, rel)
+	if !t.claim("ino:" + strconv.FormatUint(ino, 10)) {
+		return nil, fmt.Errorf("%s: %w", rel, ErrBusy)
+	}
+	release := func() { t.release("ino:" + strconv.FormatUint(ino, 10)) }
+	f, err := os.OpenFile(path, os.O_RDWR, 0)
+	if err != nil {
+		release()
+		return nil, err
+	}
+	fail := func(err error) (*Move, error) {
+		f.Close()
+		release()
+		return nil, err
+	}
+	var st syscall.Stat_t
+	if err := syscall.Fstat(int(f.Fd()), &st); err != nil {
+		return fail(err)
+	}
+	rec, has, err := readRecordFd(int(f.Fd()), path)
+	if err != nil {
+		return fail(err)
+	}
+	if !has || rec.State != StateRemote {
+		return fail(nil) // local: nothing to move
+	}
+	if st.Ino != ino || rec.Ino != ino || st.Size != rec.Size {
+		return fail(fmt.Errorf("%s is another file now (inode %d, %d bytes; recorded %d, %d bytes)", path, st.Ino, st.Size, rec.Ino, rec.Size))
+	}
+	man, err := t.loadManifest(rec)
+	if err != nil {
+		return fail(err)
+	}
+	m := &Move{t: t, rel: rel, fd: f, rec: rec, size: rec.Size, cut: rec.Size, mtimeNs: rec.MtimeNs, finished: make(chan struct{})}
+	m.remote = remoteReader{chunkxfer.NewReaderFor(t.cfg.Store, man, t.cfg.Cache, chunkxfer.ReaderOptions{ReadAhead: readAheadChunks(), Log: t.cfg.Log})}
+	if err := os.MkdirAll(filepath.Dir(t.catchupPath(ino)), 0o700); err != nil {
+		return fail(err)
+	}
+	if old != nil {
+		m.logf = old
+		if err := m.replayInto(); err != nil {
+			return fail(err)
+		}
+	} else {
+		lf, err := os.OpenFile(t.catchupPath(ino), os.O_RDWR|os.O_CREATE|os.O_TRUNC, 0o600)
+		if err != nil {
+			return fail(err)
+		}
+		m.logf = lf
+		h, _ := json.Marshal(moveHeader{Rel: rel, Ino: ino, Key: rec.Key, Size: rec.Size})
+		if err := m.append(recHeader, 0, h); err != nil {
+			lf.Close()
+			os.Remove(lf.Name())
+			return fail(err)
+		}
+		if err := lf.Sync(); err != nil {
+			return fail(err)
+		}
+		if err := syncDir(filepath.Dir(lf.Name())); err != nil {
+			return fail(err)
+		}
+	}
+	t.mu.Lock()
+	t.moves[ino] = m
+	t.mu.Unlock()
+	t.nmoves.Add(1)
+	t.cfg.Log.Info("an evicted file is changed: moving it back", "path", path, "key", rec.Key)
+	go func() {
+		defer release()
+		defer close(m.finished)
+		// Until it is in: a store that is down delays the move, and
+		// meanwhile writes go on into the log.
+		for attempt := 1; ; attempt++ {
+			err := m.run(context.Background())
+			if err == nil {
+				return
+			}
+			t.counters.Errors.Add(1)
+			t.cfg.Log.Error("moving an evicted file back failed; its changes stay in its catch-up log, and it is tried again", "path", path, "log", m.logf.Name(), "attempt", attempt, "err", err)
+			select {
+			case <-t.stop:
+				m.err = err
+				return
+			case <-time.After(min(time.Duration(attempt)*time.Second, 30*time.Second)):
+			}
+		}
+	}()
+	return m, nil
+}
+
+func syncDir(dir string) error {
+	d, err := os.Open(dir)
+	if err != nil {
+		return err
+	}
+	defer d.Close()
+	return d.Sync()
+}
+
+// append writes one record at the end of the log. Callers hold mu (or
+// own the move alone).
+func (m *Move) append(op byte, off int64, data []byte) error {
+	rec := make([]byte, recHdrLen+len(data))
+	rec[4] = op
+	binary.BigEndian.PutUint64(rec[5:], uint64(off))
+	binary.BigEndian.PutUint32(rec[13:], uint32(len(data)))
+	copy(rec[recHdrLen:], data)
+	binary.BigEndian.PutUint32(rec[0:], crc32.Checksum(rec[4:], castagnoli))
+	if _, err := m.logf.WriteAt(rec, m.logEnd); err != nil {
+		return err
+	}
+	m.logEnd += int64(len(rec))
+	return nil
+}
+
+var castagnoli = crc32.MakeTable(crc32.Castagnoli)
+
+// records reads the log's records in order until its end or a torn
+// tail, calling fn with each record's op, off, data position and length.
+func readRecords(f *os.File, fn func(op byte, off, pos int64, n int, data []byte) error) (end int64, err error) {
+	hdr := make([]byte, recHdrLen)
+	var pos int64
+	for {
+		if _, err := f.ReadAt(hdr, pos); err != nil {
+			return pos, nil // the end, or a torn header
+		}
+		n := int(binary.BigEndian.Uint32(hdr[13:]))
+		if n > 64<<20 {
+			return pos, nil
+		}
+		rec := make([]byte, recHdrLen+n)
+		if _, err := f.ReadAt(rec, pos); err != nil {
+			return pos, nil // torn data
+		}
+		if crc32.Checksum(rec[4:], castagnoli) != binary.BigEndian.Uint32(rec) {
+			return pos, nil // torn
+		}
+		if err := fn(rec[4], int64(binary.BigEndian.Uint64(rec[5:])), pos+recHdrLen, n, rec[recHdrLen:]); err != nil {
+			return pos, err
+		}
+		pos += int64(len(rec))
+	}
+}
+
+// replayInto rebuilds the in-memory state from an existing log.
+func (m *Move) replayInto() error {
+	end, err := readRecords(m.logf, func(op byte, off, pos int64, n int, _ []byte) error {
+		switch op {
+		case recWrite:
+			m.noteWrite(off, int64(n), pos)
+		case recTruncate:
+			m.noteTruncate(off)
+		}
+		return nil
+	})
+	if err != nil {
+		return err
+	}
+	m.logEnd = end
+	// Cut a torn tail, so new records follow the good ones.
+	return m.logf.Truncate(end)
+}
+
+func (m *Move) noteWrite(off, n, pos int64) {
+	end := off + n
+	var out []extent
+	for _, e := range m.ext {
+		if e.end <= off || e.off >= end {
+			out = append(out, e)
+			continue
+		}
+		if e.off < off {
+			out = append(out, extent{e.off, off, e.pos})
+		}
+		if e.end > end {
+			out = append(out, extent{end, e.end, e.pos + (end - e.off)})
+		}
+	}
+	out = append(out, extent{off, end, pos})
+	sort.Slice(out, func(i, j int) bool { return out[i].off < out[j].off })
+	m.ext = out
+	m.size = max(m.size, end)
+	m.changed = true
+}
+
+func (m *Move) noteTruncate(size int64) {
+	var out []extent
+	for _, e := range m.ext {
+		if e.off >= size {
+			continue
+		}
+		if e.end > size {
+			e.end = size
+		}
+		out = append(out, e)
+	}
+	m.ext = out
+	m.cut = min(m.cut, size)
+	m.size = size
+	m.changed = true
+}
+
+// ReadAt reads the file as it is now: its original bytes, under what
+// was written since. os.ErrClosed: the move is over; read the file.
+func (m *Move) ReadAt(p []byte, off int64) (int, error) {
+	m.mu.Lock()
+	if m.done {
+		m.mu.Unlock()
+		return 0, os.ErrClosed
+	}
+	size, cut := m.size, m.cut
+	var ext []extent
+	for _, e := range m.ext {
+		if e.end > off && e.off < off+int64(len(p)) {
+			ext = append(ext, e)
+		}
+	}
+	m.mu.Unlock()
+	// What the log holds never changes, and the original bytes never
+	// do: the state copied above is read as it was then.
+	if off >= size {
+		return 0, io.EOF
+	}
+	n := int(min(int64(len(p)), size-off))
+	buf := p[:n]
+	clear(buf)
+	if orig := min(cut, m.rec.Size) - off; orig > 0 {
+		k, err := m.remote.ReadAt(buf[:min(int64(n), orig)], off)
+		if err != nil && !(errors.Is(err, io.EOF) && int64(k) == min(int64(n), orig)) {
+			return 0, err
+		}
+	}
+	for _, e := range ext {
+		lo, hi := max(e.off, off), min(e.end, off+int64(n))
+		if _, err := m.logf.ReadAt(buf[lo-off:hi-off], e.pos+(lo-e.off)); err != nil {
+			return 0, err
+		}
+	}
+	if n < len(p) {
+		return n, io.EOF
+	}
+	return n, nil
+}
+
+// WriteAt appends the write to the catch-up log and returns: it never
+// waits for the download.
+func (m *Move) WriteAt(p []byte, off int64) (int, error) {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	if m.done {
+		return 0, os.ErrClosed
+	}
+	pos := m.logEnd + recHdrLen
+	if err := m.append(recWrite, off, p); err != nil {
+		return 0, err
+	}
+	m.noteWrite(off, int64(len(p)), pos)
+	m.mtimeNs = time.Now().UnixNano()
+	return len(p), nil
+}
+
+// Truncate appends a truncate to the catch-up log.
+func (m *Move) Truncate(size int64) error {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	if m.done {
+		return os.ErrClosed
+	}
+	if size < 0 {
+		return syscall.EINVAL
+	}
+	if err := m.append(recTruncate, size, nil); err != nil {
+		return err
+	}
+	m.noteTruncate(size)
+	m.mtimeNs = time.Now().UnixNano()
+	return nil
+}
+
+// Sync makes the catch-up log durable.
+func (m *Move) Sync() error {
+	m.mu.Lock()
+	done := m.done
+	m.mu.Unlock()
+	if done {
+		return os.ErrClosed
+	}
+	return m.logf.Sync()
+}
+
+// Attr is the file's size and mtime now.
+func (m *Move) Attr() (size, mtimeNs int64) {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	return m.size, m.mtimeNs
+}
+
+// Wait waits for the move to end, and says how it did.
+func (m *Move) Wait() error {
+	<-m.finished
+	return m.err
+}
+
+// run downloads the original bytes, puts them into the file, applies the
+// log under the gate, and ends the move.
+func (m *Move) run(ctx context.Context) error {
+	t := m.t
+	path := filepath.Join(t.cfg.Root, m.rel)
+	m.mu.Lock()
+	needOriginal := m.cut > 0
+	m.mu.Unlock()
+	// Unfreed while bytes go in: should tierfs die now, the next pass
+	// frees them again, and the move starts over from the log.
+	m.rec.Freed = false
+	if err := writeRecordFd(int(m.fd.Fd()), m.rec); err != nil {
+		return err
+	}
+	if needOriginal {
+		dir := filepath.Join(t.cfg.StateDir, "hydrate")
+		if err := os.MkdirAll(dir, 0o700); err != nil {
+			return err
+		}
+		tmp := filepath.Join(dir, fmt.Sprintf("%d-move", m.rec.Ino))
+		defer os.Remove(tmp)
+		dl := &chunkxfer.Downloader{Store: t.cfg.Store, JournalDir: filepath.Join(t.cfg.StateDir, "journal"), Parallel: 4, Log: t.cfg.Log}
+		got, err := dl.Download(ctx, m.rec.Key, tmp)
+		if err != nil {
+			return err
+		}
+		if got.ETag != m.rec.ETag || got.Size != m.rec.Size {
+			return fmt.Errorf("the store's %s is not the copy shipped", m.rec.Key)
+		}
+		src, err := os.Open(tmp)
+		if err != nil {
+			return err
+		}
+		_, err = io.Copy(io.NewOffsetWriter(m.fd, 0), src)
+		src.Close()
+		if err != nil {
+			return fmt.Errorf("fill %s: %w", path, err)
+		}
+	}
+	unlock := t.cfg.Gate.Lock(m.rec.Ino)
+	defer unlock()
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	// The log, in order, onto the original bytes.
+	if _, err := readRecords(m.logf, func(op byte, off, _ int64, _ int, data []byte) error {
+		switch op {
+		case recWrite:
+			_, err := m.fd.WriteAt(data, off)
+			return err
+		case recTruncate:
+			return m.fd.Truncate(off)
+		}
+		return nil
+	}); err != nil {
+		return fmt.Errorf("apply the catch-up log of %s: %w", path, err)
+	}
+	if err := m.fd.Sync(); err != nil {
+		return err
+	}
+	if m.changed {
+		// Local, and changed: the remote copy is stale. Its shipment
+		// goes the way of any changed file's.
+		mt := unix.NsecToTimespec(m.mtimeNs)
+		unix.UtimesNanoAt(unix.AT_FDCWD, procPath(m.fd), []unix.Timespec{{Nsec: unix.UTIME_OMIT}, mt}, 0)
+		if err := unix.Fremovexattr(int(m.fd.Fd()), recordXattr); err != nil && !errors.Is(err, unix.ENODATA) {
+			return err
+		}
+	} else {
+		mt := unix.NsecToTimespec(m.rec.MtimeNs)
+		unix.UtimesNanoAt(unix.AT_FDCWD, procPath(m.fd), []unix.Timespec{{Nsec: unix.UTIME_OMIT}, mt}, 0)
+		m.rec.State = StateShipped
+		if err := writeRecordFd(int(m.fd.Fd()), m.rec); err != nil {
+			return err
+		}
+	}
+	if err := m.fd.Sync(); err != nil {
+		return err
+	}
+	m.done = true
+	t.mu.Lock()
+	delete(t.moves, m.rec.Ino)
+	t.mu.Unlock()
+	t.nmoves.Add(-1)
+	t.hydrations.Add(1)
+	t.counters.HydratedSegments.Add(1)
+	t.counters.HydratedBytes.Add(m.rec.Size)
+	m.remote.Close()
+	m.fd.Close()
+	m.logf.Close()
+	os.Remove(m.logf.Name())
+	t.cfg.Log.Info("moved back: the file is local", "path", path, "changed", m.changed)
+	return nil
+}
+
+func procPath(f *os.File) string { return "/proc/self/fd/" + strconv.Itoa(int(f.Fd())) }
+
+func writeRecordFd(fd int, r Record) error {
+	r.Version = 1
+	b, err := json.Marshal(r)
+	if err != nil {
+		return err
+	}
+	if err := unix.Fsetxattr(fd, recordXattr, b, 0); err != nil {
+		return fmt.Errorf("write state: %w", err)
+	}
+	return nil
+}
+
+// recoverMoves starts again the moves a crash interrupted: the bytes
+// they had put in are freed first (they are remote and unfreed), then
+// each move replays its log into a new download.
+func (t *Tierer) recoverMoves() {
+	logs, _ := filepath.Glob(filepath.Join(t.cfg.StateDir, "catchup", "*.log"))
+	for _, p := range logs {
+		if err := t.recoverMove(p); err != nil {
+			t.counters.Errors.Add(1)
+			lost := filepath.Join(t.cfg.StateDir, "catchup", "lost")
+			os.MkdirAll(lost, 0o700)
+			os.Rename(p, filepath.Join(lost, filepath.Base(p)))
+			t.cfg.Log.Error("a catch-up log could not be applied; kept aside", "log", filepath.Join(lost, filepath.Base(p)), "err", err)
+		}
+	}
+}
+
+func (t *Tierer) recoverMove(p string) error {
+	f, err := os.OpenFile(p, os.O_RDWR, 0)
+	if err != nil {
+		return err
+	}
+	var h moveHeader
+	_, err = readRecords(f, func(op byte, _, _ int64, _ int, data []byte) error {
+		if op == recHeader && h.Rel == "" {
+			return json.Unmarshal(data, &h)
+		}
+		return nil
+	})
+	if err == nil && h.Rel == "" {
+		err = errors.New("no header")
+	}
+	if err != nil {
+		f.Close()
+		return err
+	}
+	path := filepath.Join(t.cfg.Root, h.Rel)
+	rec, has, err := readRecord(path)
+	if err != nil || !has || rec.Key != h.Key || rec.Ino != h.Ino {
+		f.Close()
+		if err == nil {
+			err = fmt.Errorf("%s is no longer the file the log is of (%s)", h.Rel, h.Key)
+		}
+		return err
+	}
+	if rec.State == StateRemote && !rec.Freed {
+		if _, err := t.finishEvict(Segment{Path: path}, rec); err != nil {
+			f.Close()
+			return err
+		}
+	}
+	t.moveMu.Lock()
+	defer t.moveMu.Unlock()
+	m, err := t.startMove(h.Rel, h.Ino, f)
+	if err != nil || m == nil {
+		f.Close()
+		if err == nil {
+			err = fmt.Errorf("%s is not remote", h.Rel)
+		}
+		return err
+	}
+	t.cfg.Log.Info("resumed a move a crash interrupted", "path", path, "log", p)
+	return nil
+}

@@ -1,0 +1,227 @@
+package tiering
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"io"
+	"math/rand/v2"
+	"os"
+	"path/filepath"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/tierfs/tierfs/chunkxfer/store"
+)
+
+type mover interface {
+	ReadAt(p []byte, off int64) (int, error)
+	WriteAt(p []byte, off int64) (int, error)
+	Truncate(size int64) error
+	Sync() error
+	Attr() (size, mtimeNs int64)
+}
+
+// evictedSegment ships and evicts a segment and returns its rel path,
+// its inode and its bytes.
+func evictedSegment(t *testing.T, tr *Tierer, root string, bases map[string][]int64) (string, uint64, []byte) {
+	t.Helper()
+	rel := "orders-0/" + kafkaName(bases["orders-0"][1], ".log")
+	orig, err := os.ReadFile(filepath.Join(root, rel))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if st, err := tr.EvictNow(context.Background(), rel, nil); err != nil || st != StateRemote {
+		t.Fatalf("evict: %s %v", st, err)
+	}
+	var st syscall.Stat_t
+	syscall.Stat(filepath.Join(root, rel), &st)
+	return rel, st.Ino, orig
+}
+
+// randomOps changes the moving file and the model alike, and checks
+// reads and sizes against the model as it goes.
+func randomOps(t *testing.T, r *rand.Rand, m mover, model *[]byte, n int) {
+	t.Helper()
+	for i := range n {
+		switch op := r.IntN(10); {
+		case op < 5: // write, sometimes past the end
+			off := r.Int64N(int64(len(*model)) + 5000)
+			b := make([]byte, 1+r.IntN(20000))
+			for j := range b {
+				b[j] = byte(r.Uint32())
+			}
+			if _, err := m.WriteAt(b, off); err != nil {
+				t.Fatalf("op %d write: %v", i, err)
+			}
+			if end := off + int64(len(b)); end > int64(len(*model)) {
+				*model = append(*model, make([]byte, end-int64(len(*model)))...)
+			}
+			copy((*model)[off:], b)
+		case op < 7: // truncate, down or up
+			size := r.Int64N(int64(len(*model)) + 3000)
+			if err := m.Truncate(size); err != nil {
+				t.Fatalf("op %d truncate: %v", i, err)
+			}
+			if size < int64(len(*model)) {
+				*model = (*model)[:size]
+			} else {
+				*model = append(*model, make([]byte, size-int64(len(*model)))...)
+			}
+		default: // read
+			off := r.Int64N(int64(len(*model)) + 100)
+			b := make([]byte, 1+r.IntN(30000))
+			k, err := m.ReadAt(b, off)
+			if err != nil && !errors.Is(err, io.EOF) {
+				t.Fatalf("op %d read: %v", i, err)
+			}
+			want := []byte{}
+			if off < int64(len(*model)) {
+				want = (*model)[off:min(int64(len(*model)), off+int64(len(b)))]
+			}
+			if !bytes.Equal(b[:k], want) {
+				t.Fatalf("op %d: read %d bytes at %d differ from the model (%d bytes)", i, k, off, len(want))
+			}
+		}
+		if size, _ := m.Attr(); size != int64(len(*model)) {
+			t.Fatalf("op %d: size %d, model %d", i, size, len(*model))
+		}
+	}
+}
+
+// TestMoveCatchUp: writes and truncates to an evicted file never wait
+// for its download, reads see them at once, and once the file is in,
+// it is exactly the model: local, its stale remote copy forgotten.
+func TestMoveCatchUp(t *testing.T) {
+	for seed := range uint64(4) {
+		root, bases, _ := logDir(t)
+		s := store.NewMem(nil)
+		tr := newTierer(t, root, s, 1<<40)
+		rel, ino, orig := evictedSegment(t, tr, root, bases)
+		// A slow store: the download takes longer than the writes.
+		s.Inject(store.Fault{Op: store.OpGet, Latency: 50 * time.Millisecond})
+		m, err := tr.StartMove(rel, ino)
+		if err != nil || m == nil {
+			t.Fatalf("start move: %v", err)
+		}
+		if again, _ := tr.StartMove(rel, ino); again != m || tr.Moving(ino) != m {
+			t.Fatal("a second StartMove made another move")
+		}
+		model := append([]byte(nil), orig...)
+		r := rand.New(rand.NewPCG(seed, 7))
+		t0 := time.Now()
+		randomOps(t, r, m, &model, 150)
+		if d := time.Since(t0); d > 2*time.Second {
+			t.Errorf("150 ops took %v: they waited for the download", d)
+		}
+		if err := m.(*Move).Wait(); err != nil {
+			t.Fatal(err)
+		}
+		if tr.Moving(ino) != nil {
+			t.Fatal("still moving")
+		}
+		if _, err := m.WriteAt([]byte("x"), 0); !errors.Is(err, os.ErrClosed) {
+			t.Fatalf("a write after the move: %v", err)
+		}
+		p := filepath.Join(root, rel)
+		got, _ := os.ReadFile(p)
+		if !bytes.Equal(got, model) {
+			t.Fatalf("seed %d: after the move the file (%d bytes) is not the model (%d bytes)", seed, len(got), len(model))
+		}
+		if _, has, _ := readRecord(p); has {
+			t.Error("a changed file kept its record")
+		}
+		if _, err := os.Stat(tr.catchupPath(ino)); !os.IsNotExist(err) {
+			t.Error("the catch-up log is left")
+		}
+		// The stale copy goes at the next passes, and the file ships
+		// again as it is now (not the store's old bytes).
+		mustPass(t, tr)
+	}
+}
+
+// TestMoveUnchangedIsShipped: a move with no change ends shipped.
+func TestMoveTruncateToZeroNeedsNoDownload(t *testing.T) {
+	root, bases, _ := logDir(t)
+	s := store.NewMem(nil)
+	tr := newTierer(t, root, s, 1<<40)
+	rel, ino, _ := evictedSegment(t, tr, root, bases)
+	gets := s.Calls(store.OpGet)
+	m, err := tr.StartMove(rel, ino)
+	if err != nil {
+		t.Fatal(err)
+	}
+	m.Truncate(0)
+	m.WriteAt([]byte("new"), 0)
+	if err := m.(*Move).Wait(); err != nil {
+		t.Fatal(err)
+	}
+	if b, _ := os.ReadFile(filepath.Join(root, rel)); string(b) != "new" {
+		t.Fatalf("file %q", b)
+	}
+	if n := s.Calls(store.OpGet) - gets; n != 0 {
+		t.Errorf("%d GETs for a file truncated to nothing", n)
+	}
+}
+
+// TestMoveRecoversAfterCrash: a move whose download failed (as if tierfs
+// died) is resumed by the next tierer over the same dirs: what its
+// catch-up log holds is applied, a torn tail is cut.
+func TestMoveRecoversAfterCrash(t *testing.T) {
+	root, bases, _ := logDir(t)
+	s := store.NewMem(nil)
+	tr1, err := New(Config{Root: root, StateDir: filepath.Join(root, ".tierfs"), Store: s, Policy: Policy{ShipAfter: 10 * time.Minute}, LocalRetentionBytes: 1 << 40, ChunkSize: 64 << 10})
+	if err != nil {
+		t.Fatal(err)
+	}
+	rel, ino, orig := evictedSegment(t, tr1, root, bases)
+	s.Inject(store.Fault{Op: store.OpGet, Err: errors.New("injected outage")})
+	m, err := tr1.StartMove(rel, ino)
+	if err != nil {
+		t.Fatal(err)
+	}
+	model := append([]byte(nil), orig...)
+	// Only writes: reads would need the store that is down.
+	for i := range 40 {
+		off := int64(i * 977 % len(orig))
+		b := bytes.Repeat([]byte{byte(i + 1)}, 3000)
+		if _, err := m.WriteAt(b, off); err != nil {
+			t.Fatal(err)
+		}
+		if end := off + 3000; end > int64(len(model)) {
+			model = append(model, make([]byte, end-int64(len(model)))...)
+		}
+		copy(model[off:], b)
+	}
+	m.Truncate(int64(len(model) - 100))
+	model = model[:len(model)-100]
+	m.Sync()
+	tr1.Close() // as if tierfs died: the move stops retrying
+	if err := m.(*Move).Wait(); err == nil {
+		t.Fatal("the move succeeded with the store down")
+	}
+	// A torn record at the end, as a crash mid-append leaves.
+	lf, _ := os.OpenFile(tr1.catchupPath(ino), os.O_WRONLY|os.O_APPEND, 0)
+	lf.Write([]byte{1, 2, 3, 4, recWrite, 0, 0})
+	lf.Close()
+	s.ClearFaults()
+
+	tr2 := newTierer(t, root, s, 1<<40)
+	mustPass(t, tr2) // resumes the move
+	if mv := tr2.Moving(ino); mv != nil {
+		if err := mv.(*Move).Wait(); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if _, err := os.Stat(tr2.catchupPath(ino)); !os.IsNotExist(err) {
+		t.Fatalf("the catch-up log was not applied: %v", err)
+	}
+	if lost, _ := filepath.Glob(filepath.Join(root, ".tierfs", "catchup", "lost", "*")); len(lost) > 0 {
+		t.Fatalf("logs kept aside: %v", lost)
+	}
+	got, _ := os.ReadFile(filepath.Join(root, rel))
+	if !bytes.Equal(got, model) {
+		t.Fatalf("after recovery the file (%d bytes) is not the model (%d bytes)", len(got), len(model))
+	}
+}
