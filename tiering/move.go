@@ -358,16 +358,26 @@ func (m *Move) ReadAt(p []byte, off int64) (int, error) {
 	n := int(min(int64(len(p)), size-off))
 	buf := p[:n]
 	clear(buf)
+	// The move may end meanwhile, closing what is read here: then the
+	// caller reads the file.
+	failed := func(err error) (int, error) {
+		m.mu.Lock()
+		defer m.mu.Unlock()
+		if m.done {
+			return 0, os.ErrClosed
+		}
+		return 0, err
+	}
 	if orig := min(cut, m.rec.Size) - off; orig > 0 {
 		k, err := m.remote.ReadAt(buf[:min(int64(n), orig)], off)
 		if err != nil && !(errors.Is(err, io.EOF) && int64(k) == min(int64(n), orig)) {
-			return 0, err
+			return failed(err)
 		}
 	}
 	for _, e := range ext {
 		lo, hi := max(e.off, off), min(e.end, off+int64(n))
 		if _, err := m.logf.ReadAt(buf[lo-off:hi-off], e.pos+(lo-e.off)); err != nil {
-			return 0, err
+			return failed(err)
 		}
 	}
 	if n < len(p) {
