@@ -317,6 +317,9 @@ func TestWriteToEvictedFile(t *testing.T) {
 	if fi, _ := f.Stat(); fi.Size() != int64(len(model)) {
 		t.Errorf("size while moving %d, want %d", fi.Size(), len(model))
 	}
+	if st := state(seg(1)); st != "moving" {
+		t.Errorf("state while moving: %s", st)
+	}
 	f.Close()
 	if logs, _ := filepath.Glob(filepath.Join(backing, ".tierfs", "catchup", "*.log")); len(logs) != 1 {
 		t.Fatalf("catch-up logs %v, want one", logs)

@@ -363,6 +363,9 @@ func (n *node) tieringXattr(fd int, attr string, dest []byte) (uint32, syscall.E
 	if err != nil {
 		return 0, toErrno(err), true
 	}
+	if st == "remote" && n.root.tiering.Moving(n.StableAttr().Ino) != nil {
+		st = "moving" // coming back: changed through its catch-up log
+	}
 	val := st
 	if attr == xattrRDI {
 		if rdi == "" {

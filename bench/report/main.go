@@ -45,6 +45,7 @@ func main() {
 	mode := flag.String("mode", "full", "the mode the benchmarks ran in, for the header (full or quick)")
 	failed := flag.String("failed", "", "comma-separated benchmarks that failed, for the header")
 	took := flag.Duration("took", 0, "how long the benchmarks ran, for the header")
+	tierfsVersion := flag.String("tierfs-version", "", "the version of tierfs measured (default: git describe now)")
 	flag.Parse()
 	if *in == "" {
 		fail(fmt.Errorf("-in is required"))
@@ -72,7 +73,7 @@ func main() {
 		rel = *chart
 	}
 	var md bytes.Buffer
-	writeMarkdown(&md, reps, header{Mode: *mode, Failed: splitList(*failed), Took: *took, Chart: filepath.ToSlash(rel), Versions: versions(reps)})
+	writeMarkdown(&md, reps, header{Mode: *mode, Failed: splitList(*failed), Took: *took, Chart: filepath.ToSlash(rel), Versions: versions(reps, *tierfsVersion)})
 	if err := os.WriteFile(*out, md.Bytes(), 0o644); err != nil {
 		fail(err)
 	}
@@ -165,9 +166,12 @@ func machine() string {
 
 // versions lists tierfs, Go, Java, and every peer and server the reports
 // name, with the versions on this machine of the tools they run.
-func versions(reps []benchutil.Report) [][2]string {
+func versions(reps []benchutil.Report, tierfs string) [][2]string {
+	if tierfs == "" {
+		tierfs = firstLine("git", "describe", "--always", "--dirty")
+	}
 	out := [][2]string{
-		{"tierfs", firstLine("git", "describe", "--always", "--dirty")},
+		{"tierfs", tierfs},
 		{"Go", runtime.Version()},
 	}
 	var u unix.Utsname

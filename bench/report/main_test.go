@@ -60,11 +60,11 @@ func TestReportGathersTablesAndCharts(t *testing.T) {
 		t.Errorf("%d blue pixels sampled: the bars are missing", blues)
 	}
 	var md bytes.Buffer
-	writeMarkdown(&md, reps, header{Mode: "quick", Failed: []string{"kafka"}, Chart: "docs/b.png", Versions: versions(reps)})
+	writeMarkdown(&md, reps, header{Mode: "quick", Failed: []string{"kafka"}, Chart: "docs/b.png", Versions: versions(reps, "v-test")})
 	s := md.String()
 	for _, want := range []string{"QUICK=1", "**Failed, and missing below**: kafka", "![throughput by configuration](docs/b.png)",
 		"## Local files (`make bench-local`)", "how it was measured\n\n| configuration | MiB/s | × |\n|---|---|---|\n| native | 1000 | 1.00 |",
-		"| fio | fio-3.33 |", "## Segment scanning (`make bench-scan`)"} {
+		"| fio | fio-3.33 |", "| tierfs | v-test |", "## Segment scanning (`make bench-scan`)"} {
 		if !strings.Contains(s, want) {
 			t.Errorf("markdown lacks %q:\n%s", want, s)
 		}
