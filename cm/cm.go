@@ -70,9 +70,10 @@ type Manager struct {
 
 	ready    chan struct{}
 	readyErr error
-	root     string // the tree, as reachable by this process
-	dir      string // the cmroot
-	dirName  string // the cmroot as the kernel names it (no /proc links)
+	root     string          // the tree, as reachable by this process
+	dir      string          // the cmroot
+	madeDirs map[string]bool // directories of files/ made; GUARDED_BY(mu)
+	dirName  string          // the cmroot as the kernel names it (no /proc links)
 	log      *eventLog
 	tmpSeq   atomic.Uint64
 
@@ -120,7 +121,7 @@ func New(cfg Config) *Manager {
 	if cfg.Now == nil {
 		cfg.Now = time.Now
 	}
-	m := &Manager{cfg: cfg, ready: make(chan struct{}), retained: map[string]*retainedCopy{}, dirty: map[string]bool{}, stop: make(chan struct{})}
+	m := &Manager{cfg: cfg, ready: make(chan struct{}), retained: map[string]*retainedCopy{}, dirty: map[string]bool{}, madeDirs: map[string]bool{}, stop: make(chan struct{})}
 	m.filer.cond = sync.NewCond(&m.filer.mu)
 	return m
 }

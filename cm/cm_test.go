@@ -545,3 +545,27 @@ func TestCMRootOnAnotherFileSystem(t *testing.T) {
 		}
 	}
 }
+
+// TestFilingAfterItsDirWasRemoved: the filer makes each directory of
+// files/ once; one the cleaner removed since is made again.
+func TestFilingAfterItsDirWasRemoved(t *testing.T) {
+	s := newSim(t, Config{})
+	s.mkdir("orders-0")
+	s.write("orders-0/a.log", 0, []byte("first"))
+	s.unlink("orders-0/a.log")
+	s.m.flushFiler()
+	dir := filepath.Join(s.m.Dir(), "files", "orders-0")
+	if err := os.RemoveAll(dir); err != nil {
+		t.Fatal(err)
+	}
+	s.write("orders-0/b.log", 0, []byte("second"))
+	s.unlink("orders-0/b.log")
+	s.m.flushFiler()
+	if n := s.m.Stats().Errors.Load(); n != 0 {
+		t.Fatalf("%d errors", n)
+	}
+	sum := sha256.Sum256([]byte("second"))
+	if _, err := os.Stat(filepath.Join(dir, "b.log_"+hex.EncodeToString(sum[:]))); err != nil {
+		t.Fatalf("not filed: %v", err)
+	}
+}

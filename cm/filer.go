@@ -142,14 +142,28 @@ func (m *Manager) keep(full, rel, sum string, at time.Time) (string, error) {
 	}
 	name := "files/" + rel + "_" + sum
 	dst := filepath.Join(m.dir, name)
-	if err := os.MkdirAll(filepath.Dir(dst), 0o700); err != nil {
-		return "", err
+	// The directories filed into are made once (the cleaner may remove
+	// one since: then it is made again).
+	dir := filepath.Dir(dst)
+	if !m.madeDirs[dir] {
+		if err := os.MkdirAll(dir, 0o700); err != nil {
+			return "", err
+		}
+		m.madeDirs[dir] = true
 	}
 	// by-sum first: it is what says the content is retained.
 	if err := os.Link(full, filepath.Join(m.dir, "by-sum", sum)); err != nil && !errors.Is(err, os.ErrExist) {
 		return "", err
 	}
-	if err := os.Link(full, dst); err != nil && !errors.Is(err, os.ErrExist) {
+	err := os.Link(full, dst)
+	if errors.Is(err, os.ErrNotExist) {
+		delete(m.madeDirs, dir)
+		if err = os.MkdirAll(dir, 0o700); err == nil {
+			m.madeDirs[dir] = true
+			err = os.Link(full, dst)
+		}
+	}
+	if err != nil && !errors.Is(err, os.ErrExist) {
 		return "", err
 	}
 	var st unix.Stat_t

@@ -319,12 +319,23 @@ func (l *eventLog) lastID() uint64 {
 
 func (l *eventLog) sync() error {
 	l.mu.Lock()
-	defer l.mu.Unlock()
 	if !l.dirty {
+		l.mu.Unlock()
 		return nil
 	}
 	l.dirty = false
-	return l.f.Sync()
+	f := l.f
+	l.mu.Unlock()
+	// Outside the lock: appends (every change through the mount) do not
+	// wait for the disk. A segment rolled meanwhile was synced as it
+	// was closed.
+	if err := f.Sync(); err != nil && !errors.Is(err, os.ErrClosed) {
+		l.mu.Lock()
+		l.dirty = true
+		l.mu.Unlock()
+		return err
+	}
+	return nil
 }
 
 func (l *eventLog) close() error {
