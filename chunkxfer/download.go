@@ -11,6 +11,7 @@ import (
 	"sync"
 
 	"github.com/tierfs/tierfs/chunkxfer/store"
+	"github.com/tierfs/tierfs/internal/fsutil"
 )
 
 // Downloader fetches objects to local files in parallel ranged GETs,
@@ -107,7 +108,7 @@ func (d *Downloader) Download(ctx context.Context, key, dest string) (*Manifest,
 	if err := os.Rename(tmp, dest); err != nil {
 		return nil, err
 	}
-	if err := syncDir(filepath.Dir(dest)); err != nil {
+	if err := fsutil.SyncDir(filepath.Dir(dest)); err != nil {
 		return nil, err
 	}
 	if err := j.remove(); err != nil {

@@ -11,6 +11,8 @@ import (
 	"os"
 	"path/filepath"
 	"sync"
+
+	"github.com/tierfs/tierfs/internal/fsutil"
 )
 
 // A journal is a JSON-lines file: a header line naming the transfer, then
@@ -84,7 +86,7 @@ func createJournal(path string, header any, syncRecords bool) (*journal, error) 
 		f.Close()
 		return nil, err
 	}
-	if err := syncDir(filepath.Dir(path)); err != nil {
+	if err := fsutil.SyncDir(filepath.Dir(path)); err != nil {
 		f.Close()
 		return nil, err
 	}
@@ -129,16 +131,7 @@ func (j *journal) remove() error {
 	if err := os.Remove(j.path); err != nil && !errors.Is(err, fs.ErrNotExist) {
 		return err
 	}
-	return syncDir(filepath.Dir(j.path))
+	return fsutil.SyncDir(filepath.Dir(j.path))
 }
 
 func (j *journal) close() { j.f.Close() }
-
-func syncDir(dir string) error {
-	d, err := os.Open(dir)
-	if err != nil {
-		return err
-	}
-	defer d.Close()
-	return d.Sync()
-}

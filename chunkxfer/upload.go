@@ -14,6 +14,7 @@ import (
 	"time"
 
 	"github.com/tierfs/tierfs/chunkxfer/store"
+	"github.com/tierfs/tierfs/internal/fsutil"
 )
 
 // ErrSourceChanged is a file that changed while it was being uploaded.
@@ -504,7 +505,7 @@ func (u *Uploader) finishCompleted(ctx context.Context, path, key string, src So
 		return nil, err
 	}
 	os.Remove(jp)
-	syncDir(u.JournalDir)
+	fsutil.SyncDir(u.JournalDir)
 	u.log().Info("finished an upload completed before a crash", "key", key)
 	if u.onStart != nil {
 		u.onStart(int(n), false)

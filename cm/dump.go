@@ -12,6 +12,8 @@ import (
 	"strconv"
 	"strings"
 	"time"
+
+	"github.com/tierfs/tierfs/internal/fsutil"
 )
 
 // A dump is a directory with two files:
@@ -303,7 +305,7 @@ func writeFileSync(path, data string) error {
 	if err := os.Rename(tmp, path); err != nil {
 		return err
 	}
-	return syncDir(filepath.Dir(path))
+	return fsutil.SyncDir(filepath.Dir(path))
 }
 
 // ReadDump reads and checks a dump: its header, its events and its lines.

@@ -14,6 +14,8 @@ import (
 	"strconv"
 	"strings"
 	"sync"
+
+	"github.com/tierfs/tierfs/internal/fsutil"
 )
 
 // Event types.
@@ -275,7 +277,7 @@ func (l *eventLog) roll(first uint64) error {
 		return err
 	}
 	l.f, l.size = f, 0
-	return syncDir(l.dir)
+	return fsutil.SyncDir(l.dir)
 }
 
 // append gives ev the next id and writes it. The write reaches the
@@ -390,13 +392,4 @@ func firstID(dir string) (uint64, error) {
 		return 0, err
 	}
 	return ids[0], nil
-}
-
-func syncDir(dir string) error {
-	d, err := os.Open(dir)
-	if err != nil {
-		return err
-	}
-	defer d.Close()
-	return d.Sync()
 }

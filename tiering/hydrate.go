@@ -73,26 +73,23 @@ func (t *Tierer) Hydrate(ctx context.Context, path string, progress chunkxfer.Pr
 	if _, err := t.loadManifest(rec); err != nil {
 		return err
 	}
-	// The download goes to the state dir, then into the file's holes.
-	dir := filepath.Join(t.cfg.StateDir, "hydrate")
-	if err := os.MkdirAll(dir, 0o700); err != nil {
-		return err
-	}
-	tmp := filepath.Join(dir, fmt.Sprintf("%d-%s", rec.Ino, filepath.Base(path)))
-	defer os.Remove(tmp)
-	dl := &chunkxfer.Downloader{Store: t.cfg.Store, JournalDir: filepath.Join(t.cfg.StateDir, "journal"), Parallel: 4, Log: t.cfg.Log}
-	got, err := dl.Download(ctx, rec.Key, tmp)
-	if err != nil {
-		return err
-	}
-	if got.ETag != rec.ETag || got.Size != rec.Size {
-		return fmt.Errorf("the store's %s is not the copy shipped (etag %s, %d bytes; shipped %s, %d bytes)", rec.Key, got.ETag, got.Size, rec.ETag, rec.Size)
-	}
 	rec.Freed = false
 	if err := writeRecord(path, rec); err != nil {
 		return err
 	}
-	if err := fill(path, tmp, rec); err != nil {
+	f, err := os.OpenFile(path, os.O_WRONLY, 0)
+	if err != nil {
+		return err
+	}
+	defer f.Close()
+	var fst syscall.Stat_t
+	if err := syscall.Fstat(int(f.Fd()), &fst); err != nil {
+		return err
+	}
+	if fst.Ino != rec.Ino || fst.Size != rec.Size {
+		return fmt.Errorf("%s is another file now (inode %d, %d bytes; recorded %d, %d bytes)", path, fst.Ino, fst.Size, rec.Ino, rec.Size)
+	}
+	if err := t.fetchInto(ctx, rec, f); err != nil {
 		return err
 	}
 	if err := t.restoreIndexes(ctx, path, rec); err != nil {
@@ -134,34 +131,41 @@ func (t *Tierer) Hydrate(ctx context.Context, path string, progress chunkxfer.Pr
 	return nil
 }
 
-// fill copies the downloaded bytes into the file at path (in the kernel
-// where it can), and syncs it.
-func fill(path, from string, rec Record) error {
-	src, err := os.Open(from)
+// fetchInto downloads the copy rec names (parallel ranged GETs, each
+// chunk checked, resumable from the transfer journal) into the state dir,
+// copies it into f from its start (in the kernel where it can), and syncs
+// f.
+func (t *Tierer) fetchInto(ctx context.Context, rec Record, f *os.File) error {
+	dir := filepath.Join(t.cfg.StateDir, "hydrate")
+	if err := os.MkdirAll(dir, 0o700); err != nil {
+		return err
+	}
+	tmp := filepath.Join(dir, fmt.Sprintf("%d-%s", rec.Ino, filepath.Base(rec.Key)))
+	defer os.Remove(tmp)
+	dl := &chunkxfer.Downloader{Store: t.cfg.Store, JournalDir: filepath.Join(t.cfg.StateDir, "journal"), Parallel: 4, Log: t.cfg.Log}
+	got, err := dl.Download(ctx, rec.Key, tmp)
+	if err != nil {
+		return err
+	}
+	if got.ETag != rec.ETag || got.Size != rec.Size {
+		return fmt.Errorf("the store's %s is not the copy shipped (etag %s, %d bytes; shipped %s, %d bytes)", rec.Key, got.ETag, got.Size, rec.ETag, rec.Size)
+	}
+	src, err := os.Open(tmp)
 	if err != nil {
 		return err
 	}
 	defer src.Close()
-	dst, err := os.OpenFile(path, os.O_WRONLY, 0)
-	if err != nil {
+	if _, err := f.Seek(0, io.SeekStart); err != nil {
 		return err
 	}
-	defer dst.Close()
-	var st syscall.Stat_t
-	if err := syscall.Fstat(int(dst.Fd()), &st); err != nil {
-		return err
-	}
-	if st.Ino != rec.Ino || st.Size != rec.Size {
-		return fmt.Errorf("%s is another file now (inode %d, %d bytes; recorded %d, %d bytes)", path, st.Ino, st.Size, rec.Ino, rec.Size)
-	}
-	n, err := io.Copy(dst, src)
+	n, err := io.Copy(f, src) // copy_file_range
 	if err != nil {
-		return fmt.Errorf("fill %s: %w", path, err)
+		return fmt.Errorf("fill %s: %w", f.Name(), err)
 	}
 	if n != rec.Size {
-		return fmt.Errorf("fill %s: %d bytes of %d", path, n, rec.Size)
+		return fmt.Errorf("fill %s: %d bytes of %d", f.Name(), n, rec.Size)
 	}
-	return dst.Sync()
+	return f.Sync()
 }
 
 // Hydrations counts the hydrations finished: a file found remote before

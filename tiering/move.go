@@ -19,6 +19,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/tierfs/tierfs/chunkxfer"
+	"github.com/tierfs/tierfs/internal/fsutil"
 )
 
 // A Move is an evicted file coming back to local disk because it is
@@ -190,7 +191,7 @@ func (t *Tierer) startMove(rel string, ino uint64, old *os.File) (*Move, error) 
 		if err := lf.Sync(); err != nil {
 			return fail(err)
 		}
-		if err := syncDir(filepath.Dir(lf.Name())); err != nil {
+		if err := fsutil.SyncDir(filepath.Dir(lf.Name())); err != nil {
 			return fail(err)
 		}
 	}
@@ -220,15 +221,6 @@ func (t *Tierer) startMove(rel string, ino uint64, old *os.File) (*Move, error) 
 		}
 	}()
 	return m, nil
-}
-
-func syncDir(dir string) error {
-	d, err := os.Open(dir)
-	if err != nil {
-		return err
-	}
-	defer d.Close()
-	return d.Sync()
 }
 
 // append writes one record at the end of the log. Callers hold mu (or
@@ -456,32 +448,12 @@ func (m *Move) run(ctx context.Context) error {
 	// Unfreed while bytes go in: should tierfs die now, the next pass
 	// frees them again, and the move starts over from the log.
 	m.rec.Freed = false
-	if err := writeRecordFd(int(m.fd.Fd()), m.rec); err != nil {
+	if err := writeRecordFd(int(m.fd.Fd()), m.rel, m.rec); err != nil {
 		return err
 	}
 	if needOriginal {
-		dir := filepath.Join(t.cfg.StateDir, "hydrate")
-		if err := os.MkdirAll(dir, 0o700); err != nil {
+		if err := t.fetchInto(ctx, m.rec, m.fd); err != nil {
 			return err
-		}
-		tmp := filepath.Join(dir, fmt.Sprintf("%d-move", m.rec.Ino))
-		defer os.Remove(tmp)
-		dl := &chunkxfer.Downloader{Store: t.cfg.Store, JournalDir: filepath.Join(t.cfg.StateDir, "journal"), Parallel: 4, Log: t.cfg.Log}
-		got, err := dl.Download(ctx, m.rec.Key, tmp)
-		if err != nil {
-			return err
-		}
-		if got.ETag != m.rec.ETag || got.Size != m.rec.Size {
-			return fmt.Errorf("the store's %s is not the copy shipped", m.rec.Key)
-		}
-		src, err := os.Open(tmp)
-		if err != nil {
-			return err
-		}
-		_, err = io.Copy(io.NewOffsetWriter(m.fd, 0), src)
-		src.Close()
-		if err != nil {
-			return fmt.Errorf("fill %s: %w", path, err)
 		}
 	}
 	unlock := t.cfg.Gate.Lock(m.rec.Ino)
@@ -516,7 +488,7 @@ func (m *Move) run(ctx context.Context) error {
 		mt := unix.NsecToTimespec(m.rec.MtimeNs)
 		unix.UtimesNanoAt(unix.AT_FDCWD, procPath(m.fd), []unix.Timespec{{Nsec: unix.UTIME_OMIT}, mt}, 0)
 		m.rec.State = StateShipped
-		if err := writeRecordFd(int(m.fd.Fd()), m.rec); err != nil {
+		if err := writeRecordFd(int(m.fd.Fd()), m.rel, m.rec); err != nil {
 			return err
 		}
 	}
@@ -540,18 +512,6 @@ func (m *Move) run(ctx context.Context) error {
 }
 
 func procPath(f *os.File) string { return "/proc/self/fd/" + strconv.Itoa(int(f.Fd())) }
-
-func writeRecordFd(fd int, r Record) error {
-	r.Version = 1
-	b, err := json.Marshal(r)
-	if err != nil {
-		return err
-	}
-	if err := unix.Fsetxattr(fd, recordXattr, b, 0); err != nil {
-		return fmt.Errorf("write state: %w", err)
-	}
-	return nil
-}
 
 // recoverMoves starts again the moves a crash interrupted: the bytes
 // they had put in are freed first (they are remote and unfreed), then

@@ -67,13 +67,22 @@ func decodeRecord(path string, buf []byte, n int, err error) (Record, bool, erro
 }
 
 func writeRecord(path string, r Record) error {
+	return setRecord(path, r, func(b []byte) error { return unix.Setxattr(path, recordXattr, b, 0) })
+}
+
+// writeRecordFd is writeRecord for an open file; name is for errors.
+func writeRecordFd(fd int, name string, r Record) error {
+	return setRecord(name, r, func(b []byte) error { return unix.Fsetxattr(fd, recordXattr, b, 0) })
+}
+
+func setRecord(name string, r Record, set func([]byte) error) error {
 	r.Version = 1
 	b, err := json.Marshal(r)
 	if err != nil {
 		return err
 	}
-	if err := unix.Setxattr(path, recordXattr, b, 0); err != nil {
-		return fmt.Errorf("write state of %s: %w", path, err)
+	if err := set(b); err != nil {
+		return fmt.Errorf("write state of %s: %w", name, err)
 	}
 	return nil
 }
