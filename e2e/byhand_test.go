@@ -8,6 +8,7 @@ import (
 	"os/exec"
 	"path/filepath"
 	"strings"
+	"sync"
 	"syscall"
 	"testing"
 	"time"
@@ -266,7 +267,7 @@ func TestWriteToEvictedFile(t *testing.T) {
 	requireRoot(t)
 	r := remotes(t)[1] // S3: the server can be stopped
 	_, backing, mnt := mountDirs(t)
-	bases, err := kafkatest.LogDir{Topic: "orders", Partitions: 1, Segments: 5, Batches: 60, Records: 16, ValueSize: 1000, Unflushed: 1, Age: time.Hour}.Write(backing)
+	bases, err := kafkatest.LogDir{Topic: "orders", Partitions: 1, Segments: 6, Batches: 60, Records: 16, ValueSize: 1000, Unflushed: 1, Age: time.Hour}.Write(backing)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -361,6 +362,74 @@ func TestWriteToEvictedFile(t *testing.T) {
 	waitFor(t, 30*time.Second, "segment 0 local", func() bool { return state(seg(0)) == "local" }, m.Log)
 	if got, _ := os.ReadFile(seg(0)); !bytes.Equal(got, want) {
 		t.Fatal("segment 0 after its move differs")
+	}
+	// Concurrent writers, each in its own quarter, and readers, while
+	// segment 3 moves (and as the move ends under them).
+	if out, code := tierfs(t, nil, "evict", seg(3)); code != 0 {
+		t.Fatalf("evict: %s", out)
+	}
+	want3, err := os.ReadFile(seg(3))
+	if err != nil {
+		t.Fatal(err)
+	}
+	quarter := int64(len(want3)) / 4
+	var wg sync.WaitGroup
+	errs := make(chan error, 8)
+	for w := range 4 {
+		wr := rand.New(rand.NewPCG(uint64(w), 77))
+		var writes [][2]int64 // off, len
+		var datas [][]byte
+		for range 150 {
+			n := 1 + wr.Int64N(3000)
+			off := int64(w)*quarter + wr.Int64N(quarter-n)
+			b := make([]byte, n)
+			for j := range b {
+				b[j] = byte(wr.Uint32())
+			}
+			writes, datas = append(writes, [2]int64{off, n}), append(datas, b)
+			copy(want3[off:], b) // each writer's writes land in order in its own quarter
+		}
+		wg.Add(2)
+		go func() {
+			defer wg.Done()
+			f, err := os.OpenFile(seg(3), os.O_RDWR, 0)
+			if err != nil {
+				errs <- err
+				return
+			}
+			defer f.Close()
+			for i, wo := range writes {
+				if _, err := f.WriteAt(datas[i], wo[0]); err != nil {
+					errs <- fmt.Errorf("writer %d: %w", w, err)
+					return
+				}
+			}
+		}()
+		go func() {
+			defer wg.Done()
+			f, err := os.Open(seg(3))
+			if err != nil {
+				errs <- err
+				return
+			}
+			defer f.Close()
+			buf := make([]byte, 64<<10)
+			for range 100 {
+				if _, err := f.ReadAt(buf, wr.Int64N(int64(len(want3))-int64(len(buf)))); err != nil {
+					errs <- fmt.Errorf("reader %d: %w", w, err)
+					return
+				}
+			}
+		}()
+	}
+	wg.Wait()
+	close(errs)
+	for err := range errs {
+		t.Error(err)
+	}
+	waitFor(t, 30*time.Second, "segment 3 local", func() bool { return state(seg(3)) == "local" }, m.Log)
+	if got, _ := os.ReadFile(seg(3)); !bytes.Equal(got, want3) {
+		t.Fatal("segment 3 after concurrent writers differs from the model")
 	}
 	// O_TRUNC of an evicted file: its new bytes, at once.
 	if out, code := tierfs(t, nil, "evict", seg(2)); code != 0 {
