@@ -123,10 +123,6 @@ func (c *Client) connect(ctx context.Context) error {
 // connection fails, until it succeeds, the server reports an error, or
 // Retries connections in a row fail.
 func (c *Client) do(ctx context.Context, fn func() error) error {
-	retries := c.Retries
-	if retries == 0 {
-		retries = 10
-	}
 	for {
 		err := c.connect(ctx)
 		if err == nil {
@@ -136,31 +132,44 @@ func (c *Client) do(ctx context.Context, fn func() error) error {
 				return nil
 			}
 		}
-		var es errServer
-		var op *net.OpError
-		switch {
-		case errors.As(err, &es) || ctx.Err() != nil:
+		if err := c.retry(ctx, err); err != nil {
 			return err
-		case c.TLS != nil && errors.As(err, &op) && op.Op == "remote error":
-			return fmt.Errorf("%s refused this client's TLS certificate: %w", c.Addr, err)
-		}
-		c.Close()
-		c.failed++
-		if c.failed > retries {
-			hint := ""
-			if c.TLS == nil && errors.Is(err, io.EOF) {
-				hint = " (does the server want TLS? then give --tls-cert, --tls-key and --tls-ca)"
-			}
-			return fmt.Errorf("%s: %d connections in a row failed, the last: %w%s", c.Addr, c.failed, err, hint)
-		}
-		c.stats.Reconnects++
-		c.log().Info("peer connection lost; resuming", "peer", c.Addr, "err", err)
-		select {
-		case <-ctx.Done():
-			return ctx.Err()
-		case <-time.After(min(time.Duration(c.failed)*100*time.Millisecond, 2*time.Second)):
 		}
 	}
+}
+
+// retry deals with err from a connection: nil when a new connection
+// should be tried (after a pause), else the error to give up with.
+func (c *Client) retry(ctx context.Context, err error) error {
+	retries := c.Retries
+	if retries == 0 {
+		retries = 10
+	}
+	var es errServer
+	var op *net.OpError
+	switch {
+	case errors.As(err, &es) || ctx.Err() != nil:
+		return err
+	case c.TLS != nil && errors.As(err, &op) && op.Op == "remote error":
+		return fmt.Errorf("%s refused this client's TLS certificate: %w", c.Addr, err)
+	}
+	c.Close()
+	c.failed++
+	if c.failed > retries {
+		hint := ""
+		if c.TLS == nil && errors.Is(err, io.EOF) {
+			hint = " (does the server want TLS? then give --tls-cert, --tls-key and --tls-ca)"
+		}
+		return fmt.Errorf("%s: %d connections in a row failed, the last: %w%s", c.Addr, c.failed, err, hint)
+	}
+	c.stats.Reconnects++
+	c.log().Info("peer connection lost; resuming", "peer", c.Addr, "err", err)
+	select {
+	case <-ctx.Done():
+		return ctx.Err()
+	case <-time.After(min(time.Duration(c.failed)*100*time.Millisecond, 2*time.Second)):
+	}
+	return nil
 }
 
 // List fetches the entries at and under p on the server.
@@ -344,7 +353,6 @@ func (c *Client) pullFile(ctx context.Context, dfd int, rel string, e Entry) err
 	// What the part file holds from an earlier pull is checked chunk by
 	// chunk against the server, not trusted.
 	held := pst.Size
-	chunk := c.chunk()
 	size, ver, mtime := e.Size, e.Version, e.MtimeNs
 	// mine[i] is the CRC of chunk i as this pull wrote it.
 	mine := map[int64]uint32{}
@@ -361,39 +369,14 @@ func (c *Client) pullFile(ctx context.Context, dfd int, rel string, e Entry) err
 			size, ver, mtime = h.Size, h.Version, h.MtimeNs
 		}
 		stale := false
-		for off := int64(0); off < size && !stale; off += chunk {
-			n := min(chunk, size-off)
-			var have *uint32
-			if crc, ok := mine[off]; ok {
-				have = &crc
-			} else if off+n <= held {
-				crc, err := localCRC(fd, off, n, &c.buf)
-				if err != nil {
-					return fmt.Errorf("%s: %w", rel+PartSuffix, err)
-				}
-				have = &crc
-			}
-			r, err := c.readChunk(ctx, fd, e.Path, off, n, ver, have)
-			switch {
-			case err != nil:
-				return err
-			case r.changed:
-				size, ver, mtime = r.h.Size, r.h.Version, r.h.MtimeNs
-				stale = true
-			case r.bad:
-				ver, stale = "", true
-			default:
-				mine[off] = r.h.CRC
-				if r.h.Same {
-					c.stats.Kept += n
-				}
-				if c.Progress != nil {
-					c.Progress(e.Path, off+n, size)
-				}
-				if r.after != ver { // it changed while this chunk was sent
-					ver, stale = "", true
-				}
-			}
+		r, err := c.runPass(ctx, fd, e.Path, size, ver, held, mine, rel+PartSuffix)
+		switch {
+		case err != nil:
+			return err
+		case r.changed:
+			size, ver, mtime, stale = r.h.Size, r.h.Version, r.h.MtimeNs, true
+		case r.stale:
+			ver, stale = "", true
 		}
 		if !stale {
 			break
@@ -433,6 +416,96 @@ func (c *Client) probe(ctx context.Context, p string) (header, error) {
 	return header{Size: es[0].Size, Version: es[0].Version, MtimeNs: es[0].MtimeNs}, nil
 }
 
+// window is how many chunks a pass asks for ahead of the one it
+// receives: the server checksums and sends the next ones while the
+// client checks and writes this one.
+const window = 3
+
+type inflight struct {
+	off, n int64
+	have   *uint32
+}
+
+// passResult is how a pass over a file ended.
+type passResult struct {
+	changed bool   // the file is at another version: h says which
+	stale   bool   // it changed while sent (or a chunk was damaged): learn its version again
+	h       header // with changed
+}
+
+// runPass asks for every chunk of version ver of p (a window of them at
+// a time), writes each at its offset of fd once its CRC matches, and
+// notes it in mine. A chunk the client holds already (mine, or the part
+// file's first held bytes) is checked by CRC on the server, not sent.
+// A broken connection is redialled and the pass goes on from the chunk
+// it was in.
+func (c *Client) runPass(ctx context.Context, fd int, p string, size int64, ver string, held int64, mine map[int64]uint32, partName string) (passResult, error) {
+	chunk := c.chunk()
+	var queue []inflight
+	next, done := int64(0), int64(0)
+	for done < size {
+		err := c.connect(ctx)
+		for err == nil && len(queue) < window && next < size {
+			q := inflight{off: next, n: min(chunk, size-next)}
+			if crc, ok := mine[q.off]; ok {
+				q.have = &crc
+			} else if q.off+q.n <= held {
+				crc, lerr := localCRC(fd, q.off, q.n, &c.buf)
+				if lerr != nil {
+					return passResult{}, fmt.Errorf("%s: %w", partName, lerr)
+				}
+				q.have = &crc
+			}
+			err = writeJSON(c.w, request{Op: "read", Path: p, Off: q.off, Len: q.n, Version: ver, Have: q.have})
+			queue = append(queue, q)
+			next += q.n
+		}
+		if err == nil {
+			err = c.w.Flush()
+		}
+		var r chunkResult
+		if err == nil {
+			r, err = c.receive(fd, p, queue[0].off, queue[0].n, true)
+		}
+		if err != nil {
+			if err := c.retry(ctx, err); err != nil {
+				return passResult{}, err
+			}
+			queue, next = nil, done // ask again from the chunk it was in
+			continue
+		}
+		c.failed = 0
+		q := queue[0]
+		queue = queue[1:]
+		if r.changed || r.bad || r.after != ver {
+			// What is still asked for is of the old version: read it
+			// off, or drop the connection.
+			for _, o := range queue {
+				if _, err := c.receive(fd, p, o.off, o.n, false); err != nil {
+					c.Close()
+					break
+				}
+			}
+			if r.changed {
+				return passResult{changed: true, h: r.h}, nil
+			}
+			if !r.bad {
+				mine[q.off] = r.h.CRC
+			}
+			return passResult{stale: true}, nil
+		}
+		mine[q.off] = r.h.CRC
+		if r.h.Same {
+			c.stats.Kept += q.n
+		}
+		done = q.off + q.n
+		if c.Progress != nil {
+			c.Progress(p, done, size)
+		}
+	}
+	return passResult{}, nil
+}
+
 // chunkResult is what became of one chunk.
 type chunkResult struct {
 	h       header
@@ -441,58 +514,51 @@ type chunkResult struct {
 	after   string // the file's version once the chunk was sent
 }
 
-// readChunk asks for n bytes at off of version ver and, unless the
-// server says the file changed or that the client's chunk (have) is
-// right, writes them at off of fd once their CRC matches.
-func (c *Client) readChunk(ctx context.Context, fd int, p string, off, n int64, ver string, have *uint32) (chunkResult, error) {
+// receive reads the answer to a read of n bytes at off of p and, when
+// write is set, writes the bytes at off of fd once their CRC matches.
+func (c *Client) receive(fd int, p string, off, n int64, write bool) (chunkResult, error) {
 	var r chunkResult
-	err := c.do(ctx, func() error {
-		r = chunkResult{}
-		if err := writeJSON(c.w, request{Op: "read", Path: p, Off: off, Len: n, Version: ver, Have: have}); err != nil {
-			return err
+	h := &r.h
+	if err := readJSON(c.r, h); err != nil {
+		return r, err
+	}
+	switch {
+	case h.Error != "":
+		return r, errServer{h.Error}
+	case h.Changed:
+		r.changed = true
+		return r, nil
+	case !h.Same && h.Len != n:
+		return r, errServer{fmt.Sprintf("%s: asked for %d bytes at %d, the server sends %d", p, n, off, h.Len)}
+	}
+	if !h.Same {
+		if int64(cap(c.buf)) < n {
+			c.buf = make([]byte, n)
 		}
-		if err := c.w.Flush(); err != nil {
-			return err
+		b := c.buf[:n]
+		if _, err := io.ReadFull(c.r, b); err != nil {
+			return r, err
 		}
-		h := &r.h
-		if err := readJSON(c.r, h); err != nil {
-			return err
-		}
+		c.stats.Received += n
 		switch {
-		case h.Error != "":
-			return errServer{h.Error}
-		case h.Changed:
-			r.changed = true
-			return nil
-		case !h.Same && h.Len != n:
-			return errServer{fmt.Sprintf("%s: asked for %d bytes at %d, the server sends %d", p, n, off, h.Len)}
-		}
-		if !h.Same {
-			if int64(cap(c.buf)) < n {
-				c.buf = make([]byte, n)
-			}
-			b := c.buf[:n]
-			if _, err := io.ReadFull(c.r, b); err != nil {
-				return err
-			}
-			c.stats.Received += n
-			if crc32.Checksum(b, castagnoli) != h.CRC {
-				// The file changed between the server's checksum and
-				// its send, or the bytes were damaged on the way.
-				c.log().Info("chunk failed its CRC; asking again", "path", p, "off", off)
-				r.bad = true
-			} else if _, err := unix.Pwrite(fd, b, off); err != nil {
-				return errServer{fmt.Sprintf("write %s at %d: %v", p, off, err)}
+		case !write:
+		case crc32.Checksum(b, castagnoli) != h.CRC:
+			// The file changed between the server's checksum and its
+			// send, or the bytes were damaged on the way.
+			c.log().Info("chunk failed its CRC; asking again", "path", p, "off", off)
+			r.bad = true
+		default:
+			if _, err := unix.Pwrite(fd, b, off); err != nil {
+				return r, errServer{fmt.Sprintf("write %s at %d: %v", p, off, err)}
 			}
 		}
-		var t trailer
-		if err := readJSON(c.r, &t); err != nil {
-			return err
-		}
-		r.after = t.Version
-		return nil
-	})
-	return r, err
+	}
+	var t trailer
+	if err := readJSON(c.r, &t); err != nil {
+		return r, err
+	}
+	r.after = t.Version
+	return r, nil
 }
 
 // localCRC is the CRC32C of n bytes at off of fd.
