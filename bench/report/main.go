@@ -233,7 +233,7 @@ var (
 func kindColor(label string) color.Color {
 	l := strings.ToLower(label)
 	switch {
-	case strings.HasPrefix(l, "native") || strings.HasPrefix(l, "plain") || strings.HasPrefix(l, "raw") || strings.HasPrefix(l, "cat "):
+	case strings.HasPrefix(l, "native") || strings.HasPrefix(l, "plain") || strings.HasPrefix(l, "raw") || strings.HasPrefix(l, "cat ") || strings.Contains(l, "(baseline)"):
 		return grey
 	case strings.Contains(l, "mergerfs") || strings.Contains(l, "s3fs") || strings.Contains(l, "rclone") || strings.Contains(l, "rsync") || strings.Contains(l, "nc ") || strings.Contains(l, "(debian)"):
 		return orange

@@ -75,8 +75,8 @@ func TestReportGathersTablesAndCharts(t *testing.T) {
 }
 
 func TestKindColor(t *testing.T) {
-	for label, want := range map[string]any{"native directory": grey, "plain directory": grey, "raw ranged GET, 1 stream": grey, "cat > /dev/null": grey,
-		"mergerfs (Debian)": orange, "rclone mount (Debian), cold sequential read": orange, "s3fs (Debian), cold sequential read": orange,
+	for label, want := range map[string]any{"native directory": grey, "plain directory": grey, "raw ranged GET, 1 stream": grey, "cat > /dev/null": grey, "tar | nc (baseline)": grey,
+		"mergerfs (Debian)": orange, "rclone mount (Debian), cold sequential read": orange, "s3fs (Debian), cold sequential read": orange, "rsync daemon (Debian)": orange,
 		"tierfs --cm": blue, "Uploader": blue, "scan, with CRC32C": blue} {
 		if got := kindColor(label); got != want {
 			t.Errorf("%q: %v, want %v", label, got, want)
