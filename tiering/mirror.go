@@ -139,7 +139,7 @@ func (t *Tierer) saveCatalog(c mirrorCatalog) error {
 }
 
 func (t *Tierer) mirrorManifestPath(key string) string {
-	return filepath.Join(t.cfg.StateDir, "manifests", filepath.Dir(key), filepath.Base(key)+".json")
+	return filepath.Join(t.cfg.StateDir, manifestRel(key))
 }
 
 // wantedFiles picks, from a listing of the store, the files of a log dir:
@@ -257,7 +257,7 @@ func (t *Tierer) mirrorFile(ctx context.Context, rel string, o store.ObjectInfo)
 		if err := syscall.Fstat(int(f.Fd()), &st); err != nil {
 			return err
 		}
-		manRel, _ := filepath.Rel(t.cfg.StateDir, t.mirrorManifestPath(o.Key))
+		manRel := manifestRel(o.Key)
 		if err := writeManifestCopy(t.mirrorManifestPath(o.Key), m); err != nil {
 			return err
 		}

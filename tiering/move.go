@@ -54,10 +54,7 @@ type Move struct {
 	changed bool     // GUARDED_BY(mu)
 	done    bool     // the file is local: use it; GUARDED_BY(mu)
 
-	remote interface {
-		ReadAt(p []byte, off int64) (int, error)
-		Close() error
-	} // the store's copy, for original bytes
+	remote   RemoteReader // the store's copy, for original bytes
 	finished chan struct{}
 	err      error // of the move, once finished
 }
@@ -86,14 +83,18 @@ func (t *Tierer) catchupPath(ino uint64) string {
 	return filepath.Join(t.cfg.StateDir, "catchup", strconv.FormatUint(ino, 10)+".log")
 }
 
-// Moving is the move under way of inode ino, or nil.
-func (t *Tierer) Moving(ino uint64) interface {
+// Mover is what the file system does with a moving file (a *Move); an
+// alias, so fs can name the same type without importing tiering.
+type Mover = interface {
 	ReadAt(p []byte, off int64) (int, error)
 	WriteAt(p []byte, off int64) (int, error)
 	Truncate(size int64) error
 	Sync() error
 	Attr() (size, mtimeNs int64)
-} {
+}
+
+// Moving is the move under way of inode ino, or nil.
+func (t *Tierer) Moving(ino uint64) Mover {
 	if t.nmoves.Load() == 0 {
 		return nil
 	}
@@ -108,13 +109,7 @@ func (t *Tierer) Moving(ino uint64) interface {
 // StartMove makes the evicted file rel (from the root) moving, or
 // returns its move under way. A file that is not remote has no move:
 // nil, nil.
-func (t *Tierer) StartMove(rel string, ino uint64) (interface {
-	ReadAt(p []byte, off int64) (int, error)
-	WriteAt(p []byte, off int64) (int, error)
-	Truncate(size int64) error
-	Sync() error
-	Attr() (size, mtimeNs int64)
-}, error) {
+func (t *Tierer) StartMove(rel string, ino uint64) (Mover, error) {
 	if err := t.waitReady(); err != nil {
 		return nil, err
 	}

@@ -57,15 +57,19 @@ func (t *Tierer) State(path string) (state, rdi string, err error) {
 	return rec.State, rec.Key, nil
 }
 
+// RemoteReader reads a file's bytes from the store (an alias, as
+// Mover).
+type RemoteReader = interface {
+	ReadAt(p []byte, off int64) (int, error)
+	Close() error
+}
+
 // remoteReader adapts a chunkxfer.Reader to the file system.
 type remoteReader struct{ *chunkxfer.Reader }
 
 // OpenRemote opens the store copy of the file at path through the
 // manifest kept in the state dir (no request until the first read).
-func (t *Tierer) OpenRemote(path string) (interface {
-	ReadAt(p []byte, off int64) (int, error)
-	Close() error
-}, error) {
+func (t *Tierer) OpenRemote(path string) (RemoteReader, error) {
 	rec, _, err := readRecord(path)
 	if err != nil {
 		return nil, err

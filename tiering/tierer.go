@@ -454,7 +454,7 @@ func (t *Tierer) Ship(ctx context.Context, seg Segment, progress chunkxfer.Progr
 		delete(t.shipping, st.Ino)
 		t.mu.Unlock()
 	}()
-	manRel := filepath.Join("manifests", seg.Partition, filepath.Base(key)+".json")
+	manRel := manifestRel(key)
 	sh, err := t.startShipment(seg, &st, key, manRel)
 	if err != nil {
 		return err
@@ -548,6 +548,12 @@ func (t *Tierer) sidecarKeys(seg Segment, st *syscall.Stat_t) []sidecarKey {
 func fileExists(p string) bool {
 	_, err := os.Stat(p)
 	return err == nil
+}
+
+// manifestRel is where the local copy of the manifest of key lives,
+// relative to the state dir: manifests/<partition>/<object>.json.
+func manifestRel(key string) string {
+	return filepath.Join("manifests", filepath.Dir(key), filepath.Base(key)+".json")
 }
 
 func writeManifestCopy(path string, m *chunkxfer.Manifest) error {
