@@ -191,6 +191,48 @@ func (d *Dir) Put(ctx context.Context, key string, body io.ReadSeeker, size int6
 	return d.install(tmp, key, p)
 }
 
+// PutIf checks the condition and renames the new object into place under
+// an exclusive lock on the store's lock file, which every PutIf of every
+// process takes (plain Puts do not: keys written conditionally must only
+// be written with PutIf).
+func (d *Dir) PutIf(ctx context.Context, key string, body io.ReadSeeker, size int64, cond PutCond) (ObjectInfo, error) {
+	p, err := d.path(key)
+	if err != nil {
+		return ObjectInfo{}, err
+	}
+	if err := cond.check(key); err != nil {
+		return ObjectInfo{}, err
+	}
+	if _, err := body.Seek(0, io.SeekStart); err != nil {
+		return ObjectInfo{}, err
+	}
+	tmp, err := d.writeTemp(body, size)
+	if err != nil {
+		return ObjectInfo{}, fmt.Errorf("put %s: %w", key, err)
+	}
+	lk, err := os.OpenFile(filepath.Join(d.root, dirReserved, "putif.lock"), os.O_RDWR|os.O_CREATE, 0o600)
+	if err != nil {
+		os.Remove(tmp)
+		return ObjectInfo{}, fmt.Errorf("put %s: %w", key, err)
+	}
+	defer lk.Close()
+	if err := syscall.Flock(int(lk.Fd()), syscall.LOCK_EX); err != nil {
+		os.Remove(tmp)
+		return ObjectInfo{}, fmt.Errorf("put %s: %w", key, err)
+	}
+	fi, err := os.Stat(p)
+	exists := err == nil
+	if err != nil && !errors.Is(err, fs.ErrNotExist) && !errors.Is(err, syscall.ENOTDIR) {
+		os.Remove(tmp)
+		return ObjectInfo{}, fmt.Errorf("put %s: %w", key, err)
+	}
+	if cond.IfNoneMatch && exists || cond.IfMatch != "" && (!exists || dirETag(fi) != cond.IfMatch) {
+		os.Remove(tmp)
+		return ObjectInfo{}, fmt.Errorf("put %s: %w", key, ErrPrecondition)
+	}
+	return d.install(tmp, key, p)
+}
+
 func (d *Dir) Delete(ctx context.Context, key string) error {
 	p, err := d.path(key)
 	if err != nil {

@@ -239,6 +239,32 @@ func (m *Mem) Put(ctx context.Context, key string, body io.ReadSeeker, size int6
 	return ObjectInfo{Key: key, Size: size, ETag: o.etag, ModTime: o.mod}, nil
 }
 
+func (m *Mem) PutIf(ctx context.Context, key string, body io.ReadSeeker, size int64, cond PutCond) (ObjectInfo, error) {
+	if err := CheckKey(key); err != nil {
+		return ObjectInfo{}, err
+	}
+	if err := cond.check(key); err != nil {
+		return ObjectInfo{}, err
+	}
+	f, err := m.fault(ctx, OpPut, key)
+	if err != nil {
+		return ObjectInfo{}, err
+	}
+	data, err := readBody(f, body, size)
+	if err != nil {
+		return ObjectInfo{}, fmt.Errorf("put %s: %w", key, err)
+	}
+	o := memObject{data: data, etag: memETag(data), mod: m.now()}
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	old, exists := m.objects[key]
+	if cond.IfNoneMatch && exists || cond.IfMatch != "" && (!exists || old.etag != cond.IfMatch) {
+		return ObjectInfo{}, fmt.Errorf("put %s: %w", key, ErrPrecondition)
+	}
+	m.objects[key] = o
+	return ObjectInfo{Key: key, Size: size, ETag: o.etag, ModTime: o.mod}, nil
+}
+
 func (m *Mem) Delete(ctx context.Context, key string) error {
 	if err := CheckKey(key); err != nil {
 		return err

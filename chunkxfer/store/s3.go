@@ -220,6 +220,39 @@ func (s *S3) Put(ctx context.Context, key string, body io.ReadSeeker, size int64
 	return ObjectInfo{Key: key, Size: size, ETag: aws.ToString(out.ETag)}, nil
 }
 
+func (s *S3) PutIf(ctx context.Context, key string, body io.ReadSeeker, size int64, cond PutCond) (ObjectInfo, error) {
+	k, err := s.key(key)
+	if err != nil {
+		return ObjectInfo{}, err
+	}
+	if err := cond.check(key); err != nil {
+		return ObjectInfo{}, err
+	}
+	in := &s3.PutObjectInput{Bucket: &s.bucket, Key: &k, Body: body, ContentLength: aws.Int64(size)}
+	if cond.IfNoneMatch {
+		in.IfNoneMatch = aws.String("*")
+	} else {
+		in.IfMatch = aws.String(cond.IfMatch)
+	}
+	out, err := s.c.PutObject(ctx, in)
+	if err != nil {
+		// 409 ConditionalRequestConflict: another conditional write won
+		// the race; to the caller the same as a failed condition.
+		var re *awshttp.ResponseError
+		if errors.As(err, &re) && re.HTTPStatusCode() == http.StatusConflict {
+			return ObjectInfo{}, fmt.Errorf("put %s: %v: %w", key, err, ErrPrecondition)
+		}
+		err = mapS3("put", key, err)
+		if cond.IfMatch != "" && errors.Is(err, ErrNotFound) {
+			// Some servers answer a failed If-Match on a missing
+			// object with 404.
+			err = fmt.Errorf("put %s: %w", key, ErrPrecondition)
+		}
+		return ObjectInfo{}, err
+	}
+	return ObjectInfo{Key: key, Size: size, ETag: aws.ToString(out.ETag)}, nil
+}
+
 func (s *S3) Delete(ctx context.Context, key string) error {
 	k, err := s.key(key)
 	if err != nil {

@@ -30,6 +30,12 @@ type Store interface {
 	Get(ctx context.Context, key string, off, n int64, opt GetOptions) (io.ReadCloser, error)
 	Head(ctx context.Context, key string) (ObjectInfo, error)
 	Put(ctx context.Context, key string, body io.ReadSeeker, size int64) (ObjectInfo, error)
+	// PutIf is Put on a condition, checked atomically with the write:
+	// the object must have the ETag cond.IfMatch, or must not exist when
+	// cond.IfNoneMatch; otherwise ErrPrecondition and nothing changes.
+	// Several writers of one key (brokers sharing a partition's index)
+	// use it to compare and swap.
+	PutIf(ctx context.Context, key string, body io.ReadSeeker, size int64, cond PutCond) (ObjectInfo, error)
 	// Delete removes key; a missing key is not an error.
 	Delete(ctx context.Context, key string) error
 	// List returns the objects under prefix, sorted by key.
@@ -51,6 +57,19 @@ type Store interface {
 // GetOptions are conditions on a Get.
 type GetOptions struct {
 	IfMatch string // ETag the object must have, or ErrPrecondition
+}
+
+// PutCond is the condition of a PutIf: exactly one of its fields is set.
+type PutCond struct {
+	IfMatch     string // the ETag the object must have
+	IfNoneMatch bool   // the object must not exist
+}
+
+func (c PutCond) check(key string) error {
+	if (c.IfMatch == "") == !c.IfNoneMatch {
+		return fmt.Errorf("put %s: a condition needs exactly one of IfMatch and IfNoneMatch", key)
+	}
+	return nil
 }
 
 // ObjectInfo describes a stored object.

@@ -7,6 +7,7 @@ import (
 	"bytes"
 	"context"
 	"errors"
+	"fmt"
 	"math/rand/v2"
 	"slices"
 	"sync"
@@ -27,6 +28,7 @@ func Run(t *testing.T, open func(t *testing.T) store.Store) {
 		{"PutGetHead", testPutGetHead},
 		{"Ranges", testRanges},
 		{"IfMatch", testIfMatch},
+		{"PutIf", testPutIf},
 		{"ListDelete", testListDelete},
 		{"Keys", testKeys},
 		{"Multipart", testMultipart},
@@ -125,6 +127,68 @@ func testIfMatch(t *testing.T, s store.Store) {
 	put(t, s, "m", []byte("second"))
 	if _, err := store.ReadAll(s.Get(ctx, "m", 0, 3, store.GetOptions{IfMatch: info.ETag})); !errors.Is(err, store.ErrPrecondition) {
 		t.Fatalf("get with a stale etag: %v", err)
+	}
+}
+
+func testPutIf(t *testing.T, s store.Store) {
+	ctx := context.Background()
+	putIf := func(key, body string, cond store.PutCond) (store.ObjectInfo, error) {
+		return s.PutIf(ctx, key, bytes.NewReader([]byte(body)), int64(len(body)), cond)
+	}
+	first, err := putIf("c", "0", store.PutCond{IfNoneMatch: true})
+	if err != nil {
+		t.Fatalf("create: %v", err)
+	}
+	if _, err := putIf("c", "x", store.PutCond{IfNoneMatch: true}); !errors.Is(err, store.ErrPrecondition) {
+		t.Fatalf("create over an object: %v", err)
+	}
+	if _, err := putIf("c", "x", store.PutCond{}); err == nil {
+		t.Fatal("a put with no condition passed")
+	}
+	second, err := putIf("c", "1", store.PutCond{IfMatch: first.ETag})
+	if err != nil {
+		t.Fatalf("if-match put: %v", err)
+	}
+	if _, err := putIf("c", "x", store.PutCond{IfMatch: first.ETag}); !errors.Is(err, store.ErrPrecondition) {
+		t.Fatalf("put with a stale etag: %v", err)
+	}
+	if got := string(get(t, s, "c", 0, -1)); got != "1" {
+		t.Fatalf("after a failed put: %q", got)
+	}
+	if _, err := putIf("missing", "x", store.PutCond{IfMatch: first.ETag}); !errors.Is(err, store.ErrPrecondition) {
+		t.Fatalf("if-match put of a missing object: %v", err)
+	}
+	if h, err := s.Head(ctx, "c"); err != nil || h.ETag != second.ETag {
+		t.Fatalf("head after put: %+v %v (put said %s)", h, err, second.ETag)
+	}
+	// Compare and swap from several writers: no increment is lost.
+	const writers, each = 4, 5
+	var wg sync.WaitGroup
+	for range writers {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for done := 0; done < each; {
+				h, err := s.Head(ctx, "c")
+				if err != nil {
+					t.Error(err)
+					return
+				}
+				b := get(t, s, "c", 0, -1)
+				var n int
+				fmt.Sscan(string(b), &n)
+				if _, err := s.PutIf(ctx, "c", bytes.NewReader([]byte(fmt.Sprint(n+1))), int64(len(fmt.Sprint(n+1))), store.PutCond{IfMatch: h.ETag}); err == nil {
+					done++
+				} else if !errors.Is(err, store.ErrPrecondition) {
+					t.Error(err)
+					return
+				}
+			}
+		}()
+	}
+	wg.Wait()
+	if got := string(get(t, s, "c", 0, -1)); got != fmt.Sprint(1+writers*each) {
+		t.Fatalf("after %d compare-and-swap increments: %s", writers*each, got)
 	}
 }
 
