@@ -39,8 +39,11 @@ type Manifest struct {
 	// Whole is the whole-file checksum: CRC32C over the big-endian
 	// chunk CRCs (a composite checksum, as S3 computes for multipart
 	// objects), written "crc32c-composite:%08x-N".
-	Whole  string    `json:"whole"`
-	Source Source    `json:"source"`
+	Whole  string `json:"whole"`
+	Source Source `json:"source"`
+	// From is where in the source file the object starts (an object of
+	// a file's tail, shipped after another broker shipped its head).
+	From   int64     `json:"from,omitempty"`
 	Stored time.Time `json:"stored"`
 }
 

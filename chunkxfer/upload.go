@@ -68,7 +68,11 @@ type uploadHeader struct {
 	UploadID  string `json:"upload_id"`
 	ChunkSize int64  `json:"chunk_size"`
 	Source    Source `json:"source"`
+	From      int64  `json:"from,omitempty"` // the file position the object starts at
 }
+
+// size is the object's size.
+func (h uploadHeader) size() int64 { return h.Source.Size - h.From }
 
 // partRecord is a confirmed part.
 type partRecord struct {
@@ -115,6 +119,13 @@ func (u *Uploader) Upload(ctx context.Context, path, key string) (*Manifest, err
 // UploadProgress is Upload, telling progress (which may be nil) how far
 // it got.
 func (u *Uploader) UploadProgress(ctx context.Context, path, key string, progress Progress) (*Manifest, error) {
+	return u.UploadFrom(ctx, path, key, 0, progress)
+}
+
+// UploadFrom is UploadProgress of the file's bytes from position from
+// to its end: the object holds them from its position 0, and its
+// manifest says where in the file it starts (Manifest.From).
+func (u *Uploader) UploadFrom(ctx context.Context, path, key string, from int64, progress Progress) (*Manifest, error) {
 	f, err := os.Open(path)
 	if err != nil {
 		return nil, err
@@ -131,19 +142,22 @@ func (u *Uploader) UploadProgress(ctx context.Context, path, key string, progres
 	if u.Settle > 0 && now().Sub(time.Unix(0, src.CtimeNs)) < u.Settle {
 		return nil, fmt.Errorf("upload %s: changed %v ago, less than %v: %w", path, now().Sub(time.Unix(0, src.CtimeNs)).Round(time.Millisecond), u.Settle, ErrSourceChanged)
 	}
-	if m, err := LoadManifest(ctx, u.Store, key); err == nil && m.Source == src && m.ChunkSize == u.chunkSize() {
+	if from < 0 || from > src.Size {
+		return nil, fmt.Errorf("upload %s from %d: the file has %d bytes", path, from, src.Size)
+	}
+	if m, err := LoadManifest(ctx, u.Store, key); err == nil && m.Source == src && m.From == from && m.ChunkSize == u.chunkSize() {
 		// Done before, and the journal was not removed (a crash right
 		// after completing).
 		os.Remove(journalPath(u.JournalDir, "upload", key))
 		return m, nil
 	}
-	if src.Size == 0 {
-		return u.putEmpty(ctx, key, src)
+	if src.Size == from {
+		return u.putEmpty(ctx, key, src, from)
 	}
-	if m, err := u.finishCompleted(ctx, path, key, src); m != nil || err != nil {
+	if m, err := u.finishCompleted(ctx, path, key, src, from); m != nil || err != nil {
 		return m, err
 	}
-	t, err := u.start(ctx, path, key, src)
+	t, err := u.start(ctx, path, key, src, from)
 	if err != nil {
 		return nil, err
 	}
@@ -174,7 +188,7 @@ type upload struct {
 
 // start resumes the journaled upload of key if it is for this very file,
 // or starts a new one, aborting any other upload of key.
-func (u *Uploader) start(ctx context.Context, path, key string, src Source) (*upload, error) {
+func (u *Uploader) start(ctx context.Context, path, key string, src Source, from int64) (*upload, error) {
 	jp := journalPath(u.JournalDir, "upload", key)
 	t := &upload{u: u, parts: map[int32]partRecord{}}
 	var old uploadHeader
@@ -190,7 +204,7 @@ func (u *Uploader) start(ctx context.Context, path, key string, src Source) (*up
 	if err != nil {
 		return nil, err
 	}
-	if ok && old.Key == key && old.Path == path && old.Source == src && old.ChunkSize == u.chunkSize() {
+	if ok && old.Key == key && old.Path == path && old.Source == src && old.From == from && old.ChunkSize == u.chunkSize() {
 		// The store must still hold every journaled part as recorded.
 		stored, err := u.Store.ListParts(ctx, key, old.UploadID)
 		if err == nil {
@@ -227,7 +241,7 @@ func (u *Uploader) start(ctx context.Context, path, key string, src Source) (*up
 	if err != nil {
 		return nil, err
 	}
-	t.h = uploadHeader{Key: key, Path: path, UploadID: id, ChunkSize: u.chunkSize(), Source: src}
+	t.h = uploadHeader{Key: key, Path: path, UploadID: id, ChunkSize: u.chunkSize(), Source: src, From: from}
 	if t.j, err = createJournal(jp, t.h, true); err != nil {
 		u.abortUpload(ctx, key, id)
 		return nil, err
@@ -290,7 +304,7 @@ func (u *Uploader) discard(t *upload) {
 // run uploads the missing parts, checks the file did not change,
 // completes the upload and stores the manifest.
 func (t *upload) run(ctx context.Context, f *os.File) (*Manifest, error) {
-	size, cs := t.h.Source.Size, t.h.ChunkSize
+	size, cs := t.h.size(), t.h.ChunkSize
 	t.nParts = int32((size + cs - 1) / cs)
 	if t.nParts > store.MaxParts {
 		return nil, fmt.Errorf("upload %s: %d bytes need %d parts of %d, more than %d", t.h.Path, size, t.nParts, cs, store.MaxParts)
@@ -329,7 +343,7 @@ func (t *upload) run(ctx context.Context, f *os.File) (*Manifest, error) {
 		}
 	}
 	m := &Manifest{Version: manifestVersion, Key: t.h.Key, ETag: info.ETag, Size: size, ChunkSize: cs, CRC32C: crcs,
-		Whole: compositeChecksum(crcs), Source: t.h.Source, Stored: time.Now().UTC()}
+		Whole: compositeChecksum(crcs), Source: t.h.Source, From: t.h.From, Stored: time.Now().UTC()}
 	if err := putManifest(ctx, t.u.Store, m); err != nil {
 		return nil, err
 	}
@@ -403,9 +417,9 @@ func (t *upload) uploadParts(ctx context.Context, f *os.File, todo []int32) erro
 // it, uploads it and journals it.
 func (t *upload) uploadPart(ctx context.Context, f *os.File, n int32, buf []byte) error {
 	off := int64(n-1) * t.h.ChunkSize
-	size := min(t.h.ChunkSize, t.h.Source.Size-off)
+	size := min(t.h.ChunkSize, t.h.size()-off)
 	buf = buf[:size]
-	if _, err := f.ReadAt(buf, off); err != nil {
+	if _, err := f.ReadAt(buf, t.h.From+off); err != nil {
 		if errors.Is(err, io.EOF) {
 			err = fmt.Errorf("%v: %w", err, ErrSourceChanged) // it shrank
 		}
@@ -437,7 +451,7 @@ func (t *upload) uploadPart(ctx context.Context, f *os.File, n int32, buf []byte
 	done := t.done
 	t.mu.Unlock()
 	if t.progress != nil {
-		t.progress(done, t.h.Source.Size)
+		t.progress(done, t.h.size())
 	}
 	if t.u.afterPart != nil {
 		t.u.afterPart(n)
@@ -447,13 +461,13 @@ func (t *upload) uploadPart(ctx context.Context, f *os.File, n int32, buf []byte
 
 // putEmpty stores an empty file: no parts (S3 wants at least one, of
 // which an empty one is not accepted everywhere), no chunks.
-func (u *Uploader) putEmpty(ctx context.Context, key string, src Source) (*Manifest, error) {
+func (u *Uploader) putEmpty(ctx context.Context, key string, src Source, from int64) (*Manifest, error) {
 	info, err := u.Store.Put(ctx, key, bytes.NewReader(nil), 0)
 	if err != nil {
 		return nil, err
 	}
 	m := &Manifest{Version: manifestVersion, Key: key, ETag: info.ETag, ChunkSize: u.chunkSize(),
-		Whole: compositeChecksum(nil), Source: src, Stored: time.Now().UTC()}
+		Whole: compositeChecksum(nil), Source: src, From: from, Stored: time.Now().UTC()}
 	return m, putManifest(ctx, u.Store, m)
 }
 
@@ -463,7 +477,7 @@ func (u *Uploader) putEmpty(ctx context.Context, key string, src Source) (*Manif
 // there. The object is read back against the journaled checksums; if it
 // matches, its manifest is written and the upload is done without
 // sending the file again. Anything else returns nil, nil (start over).
-func (u *Uploader) finishCompleted(ctx context.Context, path, key string, src Source) (*Manifest, error) {
+func (u *Uploader) finishCompleted(ctx context.Context, path, key string, src Source, from int64) (*Manifest, error) {
 	jp := journalPath(u.JournalDir, "upload", key)
 	var h uploadHeader
 	recs := map[int32]partRecord{}
@@ -476,15 +490,16 @@ func (u *Uploader) finishCompleted(ctx context.Context, path, key string, src So
 		return nil
 	})
 	cs := u.chunkSize()
-	n := int32((src.Size + cs - 1) / cs)
-	if err != nil || !ok || h.Key != key || h.Path != path || h.Source != src || h.ChunkSize != cs || int32(len(recs)) != n {
+	size := src.Size - from
+	n := int32((size + cs - 1) / cs)
+	if err != nil || !ok || h.Key != key || h.Path != path || h.Source != src || h.From != from || h.ChunkSize != cs || int32(len(recs)) != n {
 		return nil, nil
 	}
 	if _, err := u.Store.ListParts(ctx, key, h.UploadID); !errors.Is(err, store.ErrNotFound) {
 		return nil, nil
 	}
 	info, err := u.Store.Head(ctx, key)
-	if err != nil || info.Size != src.Size {
+	if err != nil || info.Size != size {
 		return nil, nil
 	}
 	crcs := make([]uint32, 0, n)
@@ -495,8 +510,8 @@ func (u *Uploader) finishCompleted(ctx context.Context, path, key string, src So
 		}
 		crcs = append(crcs, r.CRC32C)
 	}
-	m := &Manifest{Version: manifestVersion, Key: key, ETag: info.ETag, Size: src.Size, ChunkSize: cs, CRC32C: crcs,
-		Whole: compositeChecksum(crcs), Source: src, Stored: time.Now().UTC()}
+	m := &Manifest{Version: manifestVersion, Key: key, ETag: info.ETag, Size: size, ChunkSize: cs, CRC32C: crcs,
+		Whole: compositeChecksum(crcs), Source: src, From: from, Stored: time.Now().UTC()}
 	if err := Verify(ctx, u.Store, m); err != nil {
 		u.log().Warn("completed upload does not verify; uploading again", "key", key, "err", err)
 		return nil, nil

@@ -156,6 +156,48 @@ func TestRoundTrip(t *testing.T) {
 	}
 }
 
+// TestUploadFrom ships a file's tail: the object holds the bytes from
+// the given position, is resumed as any upload, and is never mistaken
+// for an upload of the whole file.
+func TestUploadFrom(t *testing.T) {
+	for _, b := range backends(t) {
+		t.Run(b.name, func(t *testing.T) {
+			ctx := context.Background()
+			dir := t.TempDir()
+			cs := b.chunk
+			path := filepath.Join(dir, "f")
+			want := randomFile(t, path, 3*cs+cs/3, 9)
+			up := &Uploader{Store: b.s, JournalDir: filepath.Join(dir, "journal"), ChunkSize: cs, Parallel: 3}
+			for _, from := range []int64{cs / 2, cs, int64(len(want)), 0} {
+				key := fmt.Sprintf("p/tail-%d", from)
+				m, err := up.UploadFrom(ctx, path, key, from, nil)
+				if err != nil {
+					t.Fatalf("upload from %d: %v", from, err)
+				}
+				if m.From != from || m.Size != int64(len(want))-from {
+					t.Fatalf("manifest from %d: %+v", from, m)
+				}
+				got, err := store.ReadAll(b.s.Get(ctx, key, 0, -1, store.GetOptions{}))
+				if err != nil || !bytes.Equal(got, want[from:]) {
+					t.Fatalf("object from %d: %d bytes, %v", from, len(got), err)
+				}
+				if err := Verify(ctx, b.s, m); err != nil {
+					t.Fatal(err)
+				}
+			}
+			// The same key from another position is another upload.
+			m, err := up.UploadFrom(ctx, path, "p/tail-0", cs, nil)
+			if err != nil || m.From != cs {
+				t.Fatalf("upload of another tail to the same key: %+v %v", m, err)
+			}
+			if _, err := up.UploadFrom(ctx, path, "p/x", int64(len(want))+1, nil); err == nil {
+				t.Fatal("an upload from past the end")
+			}
+			noUploads(t, b.s)
+		})
+	}
+}
+
 func TestSourceChanges(t *testing.T) {
 	for _, b := range backends(t) {
 		t.Run(b.name, func(t *testing.T) {
