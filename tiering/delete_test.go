@@ -6,6 +6,7 @@ import (
 	"errors"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -102,8 +103,14 @@ func TestBrokerDeletionDeletesRemoteCopy(t *testing.T) {
 	if left := objects(t, s, prefix); len(left) != 0 {
 		t.Fatalf("objects left: %v", left)
 	}
-	// Its objects and its two remote indexes went.
-	if got, want := len(objects(t, s, "")), len(all)-len(before)-2; got != want {
+	// Its objects (its remote indexes and batch list among them) went,
+	// and nothing else.
+	for _, suffix := range []string{".rindex", ".rtimeindex", ".batches"} {
+		if !slices.Contains(before, prefix+suffix) {
+			t.Errorf("no %s among the segment's objects %v", suffix, before)
+		}
+	}
+	if got, want := len(objects(t, s, "")), len(all)-len(before); got != want {
 		t.Fatalf("%d objects in the store, want %d", got, want)
 	}
 	f, err := idx.OpenFile(filepath.Join(root, ".tierfs", "idx", "orders-0", idx.FileName))
@@ -121,7 +128,7 @@ func TestBrokerDeletionDeletesRemoteCopy(t *testing.T) {
 		}
 	})
 	f.Close()
-	if _, err := s.Head(context.Background(), "orders-0/"+idx.RemoteOffsetIndexName(bases["orders-0"][0])); !errors.Is(err, store.ErrNotFound) {
+	if _, err := s.Head(context.Background(), prefix+".rindex"); !errors.Is(err, store.ErrNotFound) {
 		t.Fatalf("remote index of the deleted segment: %v", err)
 	}
 	shipped := filepath.Join(root, "orders-0", kafkaName(bases["orders-0"][1], ".log"))

@@ -70,8 +70,13 @@ func (t *Tierer) Hydrate(ctx context.Context, path string, progress chunkxfer.Pr
 		}
 		return nil // local already
 	}
-	if _, err := t.loadManifest(rec); err != nil {
+	if err := t.waitReady(); err != nil {
 		return err
+	}
+	if src, err := t.openSource(rec); err != nil {
+		return err
+	} else {
+		src.Close()
 	}
 	rec.Freed = false
 	if err := writeRecord(path, rec); err != nil {
@@ -136,6 +141,9 @@ func (t *Tierer) Hydrate(ctx context.Context, path string, progress chunkxfer.Pr
 // copies it into f from its start (in the kernel where it can), and syncs
 // f.
 func (t *Tierer) fetchInto(ctx context.Context, rec Record, f *os.File) error {
+	if len(rec.Extents) > 0 {
+		return t.copyExtentsInto(ctx, rec, f)
+	}
 	dir := filepath.Join(t.cfg.StateDir, "hydrate")
 	if err := os.MkdirAll(dir, 0o700); err != nil {
 		return err
@@ -164,6 +172,32 @@ func (t *Tierer) fetchInto(ctx context.Context, rec Record, f *os.File) error {
 	}
 	if n != rec.Size {
 		return fmt.Errorf("fill %s: %d bytes of %d", f.Name(), n, rec.Size)
+	}
+	return f.Sync()
+}
+
+// copyExtentsInto reads a file held by several objects through their
+// readers (each chunk checked, with read-ahead) into f from its start,
+// and syncs f.
+func (t *Tierer) copyExtentsInto(ctx context.Context, rec Record, f *os.File) error {
+	src, err := t.openSource(rec)
+	if err != nil {
+		return err
+	}
+	defer src.Close()
+	buf := make([]byte, 1<<20)
+	for off := int64(0); off < rec.Size; {
+		if err := ctx.Err(); err != nil {
+			return err
+		}
+		n := int(min(int64(len(buf)), rec.Size-off))
+		if _, err := src.ReadAt(buf[:n], off); err != nil {
+			return fmt.Errorf("read %s at %d: %w", rec.Key, off, err)
+		}
+		if _, err := f.WriteAt(buf[:n], off); err != nil {
+			return fmt.Errorf("fill %s: %w", f.Name(), err)
+		}
+		off += int64(n)
 	}
 	return f.Sync()
 }

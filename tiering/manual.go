@@ -44,10 +44,10 @@ func (t *Tierer) ShipNow(ctx context.Context, rel string, progress chunkxfer.Pro
 	if ok, why := (Policy{}).Eligible(seg, cp, t.cfg.Now()); !ok {
 		return StateLocal, fmt.Errorf("%s: %w: %s", rel, ErrNotEligible, why)
 	}
-	if why := t.indexConflict(seg); why != "" {
-		return StateLocal, fmt.Errorf("%s: %w: %s", rel, ErrNotEligible, why)
-	}
-	if err := t.Ship(ctx, seg, progress); err != nil {
+	var wait *WaitError
+	if err := t.Ship(ctx, seg, progress); errors.As(err, &wait) {
+		return StateLocal, fmt.Errorf("%s: %w: %s", rel, ErrNotEligible, wait.Why)
+	} else if err != nil {
 		return StateLocal, t.noteErr(seg.Partition, fmt.Errorf("ship %s: %w", rel, err))
 	}
 	return StateShipped, nil

@@ -18,7 +18,6 @@ import (
 
 	"golang.org/x/sys/unix"
 
-	"github.com/tierfs/tierfs/chunkxfer"
 	"github.com/tierfs/tierfs/internal/fsutil"
 )
 
@@ -157,12 +156,12 @@ func (t *Tierer) startMove(rel string, ino uint64, old *os.File) (*Move, error) 
 	if st.Ino != ino || rec.Ino != ino || st.Size != rec.Size {
 		return fail(fmt.Errorf("%s is another file now (inode %d, %d bytes; recorded %d, %d bytes)", path, st.Ino, st.Size, rec.Ino, rec.Size))
 	}
-	man, err := t.loadManifest(rec)
+	src, err := t.openSource(rec)
 	if err != nil {
 		return fail(err)
 	}
 	m := &Move{t: t, rel: rel, fd: f, rec: rec, size: rec.Size, cut: rec.Size, mtimeNs: rec.MtimeNs, finished: make(chan struct{})}
-	m.remote = remoteReader{chunkxfer.NewReaderFor(t.cfg.Store, man, t.cfg.Cache, chunkxfer.ReaderOptions{ReadAhead: readAheadChunks(), Log: t.cfg.Log})}
+	m.remote = src
 	if err := os.MkdirAll(filepath.Dir(t.catchupPath(ino)), 0o700); err != nil {
 		return fail(err)
 	}

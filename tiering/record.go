@@ -35,6 +35,10 @@ type Record struct {
 	// mtime restored; a remote record without it is an eviction that a
 	// crash interrupted.
 	Freed bool `json:"freed,omitempty"`
+	// Extents, when set, say which objects hold the file's bytes (see
+	// Extent); Key is then the name the file is catalogued under, and
+	// its own object, if it has one, is one of them.
+	Extents []Extent `json:"extents,omitempty"`
 }
 
 // readRecord reads the record of the file at path; ok is false for a

@@ -6,7 +6,6 @@ import (
 	"strings"
 	"syscall"
 
-	"github.com/tierfs/tierfs/chunkxfer"
 	"github.com/tierfs/tierfs/idx/kafka"
 )
 
@@ -64,9 +63,6 @@ type RemoteReader = interface {
 	Close() error
 }
 
-// remoteReader adapts a chunkxfer.Reader to the file system.
-type remoteReader struct{ *chunkxfer.Reader }
-
 // OpenRemote opens the store copy of the file at path through the
 // manifest kept in the state dir (no request until the first read).
 func (t *Tierer) OpenRemote(path string) (RemoteReader, error) {
@@ -74,11 +70,10 @@ func (t *Tierer) OpenRemote(path string) (RemoteReader, error) {
 	if err != nil {
 		return nil, err
 	}
-	m, err := t.loadManifest(rec)
-	if err != nil {
+	if err := t.waitReady(); err != nil {
 		return nil, err
 	}
-	return remoteReader{chunkxfer.NewReaderFor(t.cfg.Store, m, t.cfg.Cache, chunkxfer.ReaderOptions{ReadAhead: readAheadChunks(), Log: t.cfg.Log})}, nil
+	return t.openSource(rec)
 }
 
 var _ interface {

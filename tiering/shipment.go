@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"slices"
 	"sort"
 	"strings"
 	"time"
@@ -59,6 +60,31 @@ func writeShipment(stateDir string, s Shipment) error {
 		return err
 	}
 	return writeFileAtomic(shipmentPath(stateDir, s.Partition, s.Key), b)
+}
+
+// loadShipment reads the shipment of key.
+func loadShipment(stateDir, partition, key string) (Shipment, error) {
+	var s Shipment
+	b, err := os.ReadFile(shipmentPath(stateDir, partition, key))
+	if err != nil {
+		return s, err
+	}
+	if err := json.Unmarshal(b, &s); err != nil {
+		return s, fmt.Errorf("shipment of %s: %w", key, err)
+	}
+	return s, nil
+}
+
+// ownObjects are the objects of a shipment that it put in the store:
+// all but its references to other brokers' objects.
+func ownObjects(s Shipment) []string {
+	var out []string
+	for _, k := range s.Objects {
+		if !isRefKey(k) {
+			out = append(out, k)
+		}
+	}
+	return out
 }
 
 // loadShipments reads every shipment in the state dir, by partition and
@@ -175,6 +201,11 @@ func (t *Tierer) followDeletions(ctx context.Context) (int, []error) {
 		}
 		err := t.deleteShipment(ctx, s, live[fmt.Sprintf("%s/%d", s.Partition, s.Base)] > 0)
 		t.release("key:" + s.Key)
+		if errors.Is(err, errReferenced) {
+			// Kept for now; tried again every pass.
+			t.cfg.Log.Debug("remote copy of a deleted segment kept: another broker reads from it", "key", s.Key, "err", err)
+			continue
+		}
 		if err != nil {
 			errs = append(errs, t.noteErr(s.Partition, fmt.Errorf("delete remote copy %s: %w", s.Key, err)))
 			continue
@@ -212,11 +243,16 @@ func (t *Tierer) deleteShipment(ctx context.Context, s Shipment, baseInUse bool)
 	if err == nil && n > 0 {
 		err = t.putIndex(ctx, s.Partition, f)
 	}
+	legacy := !slices.ContainsFunc(s.Objects, func(k string) bool { return strings.HasSuffix(k, ".rindex") })
 	if err == nil && !baseInUse {
-		// No other version of the segment is shipped: its remote indexes go.
+		// No other version of the segment is shipped: its local remote
+		// indexes go (and, from a tierfs that named them by base offset
+		// alone, its store copies).
 		for _, name := range []string{idx.RemoteOffsetIndexName(s.Base), idx.RemoteTimeIndexName(s.Base)} {
-			if err = deleteObject(ctx, t.cfg.Store, s.Partition+"/"+name); err != nil {
-				break
+			if legacy {
+				if err = deleteObject(ctx, t.cfg.Store, s.Partition+"/"+name); err != nil {
+					break
+				}
 			}
 			if rerr := os.Remove(filepath.Join(filepath.Dir(f.Path()), name)); rerr != nil && !os.IsNotExist(rerr) {
 				err = rerr
@@ -229,18 +265,28 @@ func (t *Tierer) deleteShipment(ctx context.Context, s Shipment, baseInUse bool)
 		return err
 	}
 	// Manifests first, so no manifest ever names a missing object.
-	objs := append([]string(nil), s.Objects...)
+	objs := ownObjects(s)
 	sort.SliceStable(objs, func(i, j int) bool {
 		return strings.HasSuffix(objs[i], chunkxfer.ManifestKey("")) && !strings.HasSuffix(objs[j], chunkxfer.ManifestKey(""))
 	})
 	for _, k := range objs {
-		if !strings.HasSuffix(k, chunkxfer.ManifestKey("")) {
+		if !strings.HasSuffix(k, chunkxfer.ManifestKey("")) && !strings.HasSuffix(k, ".batches") && !strings.HasSuffix(k, ".rindex") && !strings.HasSuffix(k, ".rtimeindex") {
 			if err := t.up.Abandon(ctx, k); err != nil {
 				return err
 			}
 		}
-		if err := deleteObject(ctx, t.cfg.Store, k); err != nil {
+	}
+	if len(objs) > 0 {
+		// Not while another broker's file reads from them.
+		if err := t.deleteOwn(ctx, s.Key, objs); err != nil {
 			return err
+		}
+	}
+	for _, k := range s.Objects {
+		if isRefKey(k) {
+			if err := deleteObject(ctx, t.cfg.Store, k); err != nil {
+				return err
+			}
 		}
 	}
 	if s.Manifest != "" {
@@ -279,8 +325,12 @@ func (t *Tierer) dropEmptyIndex(ctx context.Context, partition string) error {
 	if f.Len() > 0 {
 		return nil
 	}
-	if err := deleteObject(ctx, t.cfg.Store, partition+"/"+idx.FileName); err != nil {
-		return err
+	// The store's copy goes too, if it is still the one this mount
+	// knows (a follower leaves it to the leader).
+	if info, err := t.cfg.Store.Head(ctx, partition+"/"+idx.FileName); err == nil && !t.follower() && info.ETag == t.loadStoreState(partition).ETag {
+		if err := deleteObject(ctx, t.cfg.Store, partition+"/"+idx.FileName); err != nil {
+			return err
+		}
 	}
 	t.mu.Lock()
 	delete(t.indexes, partition)

@@ -7,6 +7,7 @@ import (
 	"errors"
 	"fmt"
 	"hash/fnv"
+	"io"
 	"log/slog"
 	"maps"
 	"math"
@@ -61,8 +62,15 @@ type Config struct {
 	// then, so retaining it later needs no download); an error keeps
 	// the bytes.
 	BeforeFree func(path string) error
-	Log        *slog.Logger
-	Now        func() time.Time
+	// Role is RoleLeader (the default: ships this broker's segments) or
+	// RoleFollower (ships nothing; maps its segments onto what the
+	// leader shipped, once the store holds all of a segment's batches).
+	Role string
+	// BrokerID names this mount among the brokers that share the store;
+	// empty: the node.id in the log dir's meta.properties, if any.
+	BrokerID string
+	Log      *slog.Logger
+	Now      func() time.Time
 }
 
 // Tierer ships and evicts the segments of one log directory.
@@ -78,6 +86,7 @@ type Tierer struct {
 	shipping     map[uint64]bool // inodes being shipped; GUARDED_BY(mu)
 	noHandleOnce sync.Once
 	lastErr      map[string]PartitionError // by partition; GUARDED_BY(mu)
+	kept         map[string]string         // by partition: why its first segment that waits is kept local; GUARDED_BY(mu)
 
 	// draining stops new work; active counts the work under way (see
 	// Drain).
@@ -94,13 +103,24 @@ type Tierer struct {
 	recoverOnce sync.Once
 
 	counters Counters
+
+	batchLists map[string][]idx.BatchRef // by object key, as read from the store; GUARDED_BY(mu)
 }
+
+// Roles of a mount that tiers a broker's log dir.
+const (
+	RoleLeader   = "leader"
+	RoleFollower = "follower"
+)
+
+func (t *Tierer) follower() bool { return t.cfg.Role == RoleFollower }
 
 // Counters count what the tierer did since it started (for metrics).
 type Counters struct {
 	ShippedSegments, ShippedBytes   atomic.Int64
 	EvictedSegments, FreedBytes     atomic.Int64
 	DeletedSegments                 atomic.Int64 // remote copies of segments the broker deleted
+	MappedSegments, MappedBytes     atomic.Int64 // segments (or heads of segments) found in the store, shipped by another broker
 	HydratedSegments, HydratedBytes atomic.Int64
 	Errors                          atomic.Int64 // failed steps (each also a partition's last error or a pass's error)
 }
@@ -110,8 +130,9 @@ func (t *Tierer) Counters() *Counters { return &t.counters }
 
 // PartitionError is the last thing that went wrong with a partition.
 type PartitionError struct {
-	Time time.Time `json:"time"`
-	Err  string    `json:"error"`
+	Time time.Time `json:"time,omitzero"`
+	Err  string    `json:"error,omitempty"`
+	Kept string    `json:"kept_local,omitempty"` // why a segment is kept local, if one waits for more than its age
 }
 
 // noteErr remembers err as the partition's last error and returns it.
@@ -122,11 +143,33 @@ func (t *Tierer) noteErr(partition string, err error) error {
 	return err
 }
 
-// LastErrors are the last error of each partition that had one.
+// LastErrors are the last error of each partition that had one, and
+// why segments of it are kept local, where they wait for something other
+// than their age.
 func (t *Tierer) LastErrors() map[string]PartitionError {
 	t.mu.Lock()
 	defer t.mu.Unlock()
-	return maps.Clone(t.lastErr)
+	out := maps.Clone(t.lastErr)
+	for p, why := range t.kept {
+		e := out[p]
+		e.Kept = why
+		out[p] = e
+	}
+	return out
+}
+
+// noteKept remembers why segment seg of a partition waits (the first
+// in the pass); an empty why starts the pass over.
+func (t *Tierer) noteKept(partition string, seg Segment, why string) {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	if why == "" {
+		delete(t.kept, partition)
+		return
+	}
+	if _, ok := t.kept[partition]; !ok {
+		t.kept[partition] = fmt.Sprintf("%s: %s", filepath.Base(seg.Path), why)
+	}
 }
 
 // New makes a Tierer; it touches nothing until RunOnce.
@@ -156,7 +199,7 @@ func New(cfg Config) (*Tierer, error) {
 		}
 		cfg.Cache = c
 	}
-	t := &Tierer{cfg: cfg, indexes: map[string]*idx.File{}, plocks: map[string]*sync.Mutex{}, lastErr: map[string]PartitionError{}, shipping: map[uint64]bool{}, busy: map[string]bool{}, moves: map[uint64]*Move{}, stop: make(chan struct{}), ready: make(chan struct{})}
+	t := &Tierer{cfg: cfg, indexes: map[string]*idx.File{}, plocks: map[string]*sync.Mutex{}, lastErr: map[string]PartitionError{}, kept: map[string]string{}, shipping: map[uint64]bool{}, batchLists: map[string][]idx.BatchRef{}, busy: map[string]bool{}, moves: map[uint64]*Move{}, stop: make(chan struct{}), ready: make(chan struct{})}
 	if cfg.Root != "" && cfg.StateDir != "" {
 		t.SetRoot(cfg.Root, cfg.StateDir)
 	}
@@ -167,6 +210,9 @@ func New(cfg Config) (*Tierer, error) {
 // call it once, before RunOnce.
 func (t *Tierer) SetRoot(root, stateDir string) {
 	t.cfg.Root, t.cfg.StateDir = root, stateDir
+	if t.cfg.BrokerID == "" {
+		t.cfg.BrokerID = brokerID(root)
+	}
 	t.up = &chunkxfer.Uploader{Store: t.cfg.Store, JournalDir: filepath.Join(stateDir, "journal"), ChunkSize: t.cfg.ChunkSize, Parallel: 4, Log: t.cfg.Log}
 	if t.cfg.ShipRate > 0 {
 		t.up.Limit = rate.NewLimiter(rate.Limit(t.cfg.ShipRate), int(min(t.cfg.ShipRate, 1<<20)))
@@ -273,6 +319,8 @@ func (t *Tierer) RunOnce(ctx context.Context) Report {
 func (t *Tierer) shipPartition(ctx context.Context, p Partition, cp Checkpoints, now time.Time) Report {
 	rep := Report{Waiting: map[string]int{}}
 	blocked := ""
+	synced := false
+	t.noteKept(p.Name, Segment{}, "")
 	for _, seg := range p.Segments {
 		rec, has, err := readRecord(seg.Path)
 		if err != nil {
@@ -318,12 +366,29 @@ func (t *Tierer) shipPartition(ctx context.Context, p Partition, cp Checkpoints,
 			}
 			continue
 		}
-		if why := t.indexConflict(seg); why != "" {
-			rep.Waiting[reasonKind(why)]++
-			blocked = "an earlier segment waits"
-			continue
+		if !synced {
+			unlock := t.lockPartition(p.Name)
+			_, err := t.syncIndex(ctx, p.Name)
+			unlock()
+			if err != nil {
+				rep.Errors = append(rep.Errors, t.noteErr(p.Name, err))
+				blocked = "an earlier segment failed"
+				continue
+			}
+			synced = true
 		}
-		if err := t.Ship(ctx, seg, nil); err != nil {
+		var wait *WaitError
+		switch err := t.ship(ctx, seg, nil, false); {
+		case errors.As(err, &wait):
+			rep.Waiting[reasonKind(wait.Why)]++
+			t.noteKept(p.Name, seg, wait.Why)
+			if !t.follower() {
+				// The index takes a leader's entries in order; a
+				// follower maps each segment on its own.
+				blocked = "an earlier segment waits"
+			}
+			continue
+		case err != nil:
 			rep.Errors = append(rep.Errors, t.noteErr(p.Name, fmt.Errorf("ship %s: %w", seg.Path, err)))
 			blocked = "an earlier segment failed"
 			continue
@@ -362,42 +427,18 @@ func reasonKind(why string) string {
 // objectKey names a segment's objects: <partition>/<base20>-<id><suffix>,
 // where id tells apart two files that had the same base offset (a
 // segment rewritten after a truncation).
-func objectKey(seg Segment, st *syscall.Stat_t, suffix string) string {
-	return identityKey(seg, st.Ino, st.Size, st.Mtim.Nano(), suffix)
+func (t *Tierer) objectKey(seg Segment, st *syscall.Stat_t, suffix string) string {
+	return t.identityKey(seg, st.Ino, st.Size, st.Mtim.Nano(), suffix)
 }
 
-func identityKey(seg Segment, ino uint64, size, mtimeNs int64, suffix string) string {
+func (t *Tierer) identityKey(seg Segment, ino uint64, size, mtimeNs int64, suffix string) string {
 	h := fnv.New32a()
+	if t.cfg.BrokerID != "" {
+		// Brokers share the store: their inode numbers may meet.
+		fmt.Fprintf(h, "broker %s/", t.cfg.BrokerID)
+	}
 	fmt.Fprintf(h, "%d/%d/%d", ino, size, mtimeNs)
 	return fmt.Sprintf("%s/%020d-%08x%s", seg.Partition, seg.Base, h.Sum32(), suffix)
-}
-
-// indexConflict says why a segment cannot take its place in the
-// partition's index, or "" if it can: the index still holds an earlier
-// version of it (the log cleaner or a truncation rewrote it; that version
-// goes once the broker has deleted its file), or offsets the segment
-// overlaps are shipped in a later segment (a compacted or truncated log
-// rewritten below what was shipped).
-func (t *Tierer) indexConflict(seg Segment) string {
-	f, err := t.indexFile(seg.Partition)
-	if err != nil {
-		return "" // Ship reports it
-	}
-	key := identityKey(seg, seg.Ino, seg.Size, seg.Mtime.UnixNano(), ".log")
-	why := ""
-	f.View(func(x *idx.Index) {
-		lo, hi := x.Segment(seg.Base, nextOrMax(seg.Next))
-		for i := lo; i < hi; i++ {
-			if !strings.HasPrefix(string(x.Entry(i).RDI), key+"@") {
-				why = "an earlier version of this segment is in the store: ships once the broker has deleted that version"
-				return
-			}
-		}
-		if lo == hi && lo > 0 && x.Entry(lo-1).LastOffset >= seg.Base {
-			why = "overlaps offsets shipped in an earlier segment: kept local"
-		}
-	})
-	return why
 }
 
 func (t *Tierer) lockPartition(partition string) (unlock func()) {
@@ -428,11 +469,21 @@ func (t *Tierer) release(path string) {
 	delete(t.busy, path)
 }
 
-// Ship uploads a segment with its index files, verifies the remote copy,
-// records its index entries and marks it shipped. Every step can be
-// repeated: after a crash the next pass resumes the upload and skips
-// what is done.
+// Ship puts a segment in the store. Where the store already holds its
+// bytes, shipped by another broker (the same batches: Kafka replicas
+// store the leader's), the file is mapped onto those objects and nothing
+// is uploaded; the rest, if any, is uploaded with its index files and
+// verified, its entries go into the partition's index, and the file is
+// marked shipped. A follower uploads nothing: a segment the store does
+// not hold yet waits (*WaitError). Every step can be repeated: after a
+// crash the next pass resumes the upload and skips what is done.
 func (t *Tierer) Ship(ctx context.Context, seg Segment, progress chunkxfer.Progress) error {
+	return t.ship(ctx, seg, progress, true)
+}
+
+// ship is Ship; sync false skips reading the store's index (the pass
+// read it for the partition already).
+func (t *Tierer) ship(ctx context.Context, seg Segment, progress chunkxfer.Progress, sync bool) error {
 	if !t.claim(seg.Path) {
 		return nil
 	}
@@ -441,7 +492,7 @@ func (t *Tierer) Ship(ctx context.Context, seg Segment, progress chunkxfer.Progr
 	if err := syscall.Stat(seg.Path, &st); err != nil {
 		return err
 	}
-	key := objectKey(seg, &st, ".log")
+	key := t.objectKey(seg, &st, ".log")
 	if !t.claim("key:" + key) {
 		return nil
 	}
@@ -454,42 +505,176 @@ func (t *Tierer) Ship(ctx context.Context, seg Segment, progress chunkxfer.Progr
 		delete(t.shipping, st.Ino)
 		t.mu.Unlock()
 	}()
-	manRel := manifestRel(key)
-	sh, err := t.startShipment(seg, &st, key, manRel)
+	if sync {
+		unlock := t.lockPartition(seg.Partition)
+		_, err := t.syncIndex(ctx, seg.Partition)
+		unlock()
+		if err != nil {
+			return err
+		}
+	}
+	f, err := t.indexFile(seg.Partition)
 	if err != nil {
 		return err
 	}
-	m, err := t.up.UploadProgress(ctx, seg.Path, key, progress)
+	keyAt := func(base int64) string {
+		s := seg
+		s.Base = base
+		return t.objectKey(s, &st, ".log")
+	}
+	if t.follower() && !t.maybeCovered(seg, f) {
+		return &WaitError{Why: "not in the store yet (a follower ships nothing; the leader has not shipped these offsets)"}
+	}
+	cov, batches, err := t.cover(ctx, seg, f, keyAt)
+	if err != nil {
+		return err
+	}
+	switch {
+	case cov.Next < 0:
+		return t.adopt(ctx, seg, &st, key, cov)
+	case cov.Why != "":
+		return &WaitError{Why: cov.Why}
+	case t.follower():
+		return &WaitError{Why: fmt.Sprintf("offsets from %d are not in the store yet (a follower ships nothing)", cov.Next)}
+	}
+	return t.shipRest(ctx, seg, &st, cov, batches, keyAt, progress)
+}
+
+// maybeCovered says whether the index reaches the segment's last offset
+// (that of the batch before the next segment's base): if not, the store
+// cannot hold all of it, and it need not be read to tell.
+func (t *Tierer) maybeCovered(seg Segment, f *idx.File) bool {
+	if seg.Next < 0 {
+		return false
+	}
+	ok := false
+	f.View(func(x *idx.Index) {
+		for i := x.Len() - 1; i >= 0; i-- {
+			if e := x.Entry(i); !e.Opaque() {
+				ok = e.LastOffset >= seg.Next-1
+				return
+			}
+		}
+	})
+	return ok
+}
+
+// adopt marks a segment shipped whose bytes are all in other brokers'
+// objects: it references each of them (so they are kept while the file
+// reads from them), and records its extents. Nothing is uploaded.
+func (t *Tierer) adopt(ctx context.Context, seg Segment, st *syscall.Stat_t, key string, cov coverage) error {
+	holder := holderOf(key)
+	if old, err := loadShipment(t.cfg.StateDir, seg.Partition, key); err == nil {
+		// An upload of this file that lost the race to the index: its
+		// objects are nobody's now.
+		if own := ownObjects(old); len(own) > 0 {
+			if err := t.deleteOwn(ctx, old.Key, own); err != nil {
+				return err
+			}
+		}
+	} else if !os.IsNotExist(err) {
+		return err
+	}
+	keys := extentKeys(cov.Extents)
+	sh := Shipment{State: StateShipping, Partition: seg.Partition, Base: seg.Base, Key: key, Ino: st.Ino, Since: t.cfg.Now(), Objects: refsOf(keys, holder)}
+	var err error
+	if sh.HandleType, sh.Handle, err = fileHandle(seg.Path); err != nil {
+		t.cfg.Log.Debug("no file handle", "segment", seg.Path, "err", err)
+	}
+	if err := writeShipment(t.cfg.StateDir, sh); err != nil {
+		return err
+	}
+	if err := t.takeRefs(ctx, cov.Extents, holder); err != nil {
+		return err
+	}
+	if err := sameFile(seg.Path, st); err != nil {
+		return err
+	}
+	rec := Record{State: StateShipped, Key: key, Size: st.Size, MtimeNs: st.Mtim.Nano(), Ino: st.Ino, Extents: cov.Extents}
+	if err := writeRecord(seg.Path, rec); err != nil {
+		return err
+	}
+	sh.State, sh.Since = StateShipped, t.cfg.Now()
+	if err := writeShipment(t.cfg.StateDir, sh); err != nil {
+		return err
+	}
+	t.counters.MappedSegments.Add(1)
+	t.counters.MappedBytes.Add(st.Size)
+	t.cfg.Log.Info("mapped onto the store's copy", "segment", seg.Path, "objects", len(keys), "bytes", st.Size)
+	return nil
+}
+
+// sameFile fails if path is no longer the file st was taken of.
+func sameFile(path string, st *syscall.Stat_t) error {
+	var now syscall.Stat_t
+	if err := syscall.Stat(path, &now); err != nil {
+		return err
+	}
+	if now.Ino != st.Ino || now.Size != st.Size || now.Mtim != st.Mtim {
+		return fmt.Errorf("%s changed while it was shipped: %w", path, chunkxfer.ErrSourceChanged)
+	}
+	return nil
+}
+
+// shipRest uploads a segment from where its coverage ends (from its
+// start when nothing of it is in the store), with its batch list, its
+// index files (whole segments only) and its index entries.
+func (t *Tierer) shipRest(ctx context.Context, seg Segment, st *syscall.Stat_t, cov coverage, batches []idx.BatchRef, keyAt func(int64) string, progress chunkxfer.Progress) error {
+	from, objBase := cov.End, seg.Base
+	if from > 0 {
+		objBase = cov.Next
+	}
+	key := keyAt(objBase)
+	if from > 0 && !t.claim("key:"+key) {
+		return nil
+	}
+	if from > 0 {
+		defer t.release("key:" + key)
+	}
+	holder := holderOf(key)
+	manRel := manifestRel(key)
+	sh, err := t.startShipment(seg, st, key, manRel, from, refsOf(extentKeys(cov.Extents), holder))
+	if err != nil {
+		return err
+	}
+	if err := t.takeRefs(ctx, cov.Extents, holder); err != nil {
+		return err
+	}
+	m, err := t.up.UploadFrom(ctx, seg.Path, key, from, progress)
 	if err != nil {
 		return err
 	}
 	if err := chunkxfer.Verify(ctx, t.cfg.Store, m); err != nil {
 		return fmt.Errorf("remote copy does not verify: %w", err)
 	}
-	for _, sk := range t.sidecarKeys(seg, &st)[1:] {
-		if !slices.Contains(sh.Objects, sk.key) {
-			// Appeared after the shipment was catalogued: kept local only.
-			continue
-		}
-		if _, err := t.up.Upload(ctx, sk.path, sk.key); err != nil {
-			return fmt.Errorf("ship %s: %w", filepath.Base(sk.path), err)
+	if from == 0 {
+		for _, sk := range t.sidecarKeys(seg, st)[1:] {
+			if !slices.Contains(sh.Objects, sk.key) {
+				// Appeared after the shipment was catalogued: kept local only.
+				continue
+			}
+			if _, err := t.up.Upload(ctx, sk.path, sk.key); err != nil {
+				return fmt.Errorf("ship %s: %w", filepath.Base(sk.path), err)
+			}
 		}
 	}
-	if err := t.index(ctx, seg, key); err != nil {
+	if err := t.putBatchList(ctx, seg, key, from, batches); err != nil {
+		return err
+	}
+	if err := t.index(ctx, seg, key, from, objBase); err != nil {
 		return err
 	}
 	if err := writeManifestCopy(filepath.Join(t.cfg.StateDir, manRel), m); err != nil {
 		return err
 	}
 	// The file must still be what was uploaded.
-	var now syscall.Stat_t
-	if err := syscall.Stat(seg.Path, &now); err != nil {
+	if err := sameFile(seg.Path, st); err != nil {
 		return err
 	}
-	if now.Ino != st.Ino || now.Size != st.Size || now.Mtim != st.Mtim {
-		return fmt.Errorf("%s changed while it was shipped: %w", seg.Path, chunkxfer.ErrSourceChanged)
-	}
 	rec := Record{State: StateShipped, Key: key, ETag: m.ETag, Size: st.Size, MtimeNs: st.Mtim.Nano(), Ino: st.Ino, Manifest: manRel}
+	if from > 0 {
+		rec.Extents = append(slices.Clone(cov.Extents), Extent{Pos: from, Len: st.Size - from, Key: key, ETag: m.ETag})
+	}
 	if err := writeRecord(seg.Path, rec); err != nil {
 		return err
 	}
@@ -498,32 +683,79 @@ func (t *Tierer) Ship(ctx context.Context, seg Segment, progress chunkxfer.Progr
 		return err
 	}
 	t.counters.ShippedSegments.Add(1)
-	t.counters.ShippedBytes.Add(st.Size)
-	t.cfg.Log.Info("shipped", "segment", seg.Path, "key", key, "bytes", st.Size)
+	t.counters.ShippedBytes.Add(st.Size - from)
+	if from > 0 {
+		t.counters.MappedBytes.Add(from)
+	}
+	t.cfg.Log.Info("shipped", "segment", seg.Path, "key", key, "bytes", st.Size-from, "from", from)
 	return nil
 }
 
-// startShipment catalogs the objects a segment is about to put in the
-// store (or finds them catalogued by an earlier, interrupted Ship).
-func (t *Tierer) startShipment(seg Segment, st *syscall.Stat_t, key, manRel string) (Shipment, error) {
-	if b, err := os.ReadFile(shipmentPath(t.cfg.StateDir, seg.Partition, key)); err == nil {
-		var sh Shipment
-		if err := json.Unmarshal(b, &sh); err != nil {
-			return sh, fmt.Errorf("shipment of %s: %w", key, err)
+// putBatchList ships the batch list of the object key (the segment from
+// position from). A segment that is not whole record batches has none:
+// no other broker can map its bytes.
+func (t *Tierer) putBatchList(ctx context.Context, seg Segment, key string, from int64, batches []idx.BatchRef) error {
+	var list []idx.BatchRef
+	if batches != nil {
+		for _, b := range batches {
+			if b.Pos >= from {
+				b.Pos -= from
+				list = append(list, b)
+			}
 		}
+	} else {
+		f, err := os.Open(seg.Path)
+		if err != nil {
+			return err
+		}
+		list, err = idx.BatchRefs(seg.Path, f, seg.Size, from)
+		f.Close()
+		var fe *idx.FormatError
+		if errors.As(err, &fe) {
+			t.cfg.Log.Debug("no batch list: not whole record batches", "segment", seg.Path, "err", err)
+			return nil
+		}
+		if err != nil {
+			return err
+		}
+	}
+	b, err := idx.MarshalBatches(list)
+	if err != nil {
+		return fmt.Errorf("batch list of %s: %w", seg.Path, err)
+	}
+	_, err = t.cfg.Store.Put(ctx, batchesKey(key), bytes.NewReader(b), int64(len(b)))
+	return err
+}
+
+// startShipment catalogs the objects a segment is about to put in the
+// store (or finds them catalogued by an earlier, interrupted Ship): the
+// object of its bytes from position from, its batch list and remote
+// indexes, for a whole segment its index files too, and refs, the
+// references it takes on other brokers' objects.
+func (t *Tierer) startShipment(seg Segment, st *syscall.Stat_t, key, manRel string, from int64, refs []string) (Shipment, error) {
+	if sh, err := loadShipment(t.cfg.StateDir, seg.Partition, key); err == nil {
 		if sh.State == StateDeleting {
 			return sh, fmt.Errorf("%s: its remote copy is being deleted", seg.Path)
 		}
 		return sh, nil
+	} else if !os.IsNotExist(err) {
+		return sh, err
 	}
 	sh := Shipment{State: StateShipping, Partition: seg.Partition, Base: seg.Base, Key: key, Manifest: manRel, Ino: st.Ino, Since: t.cfg.Now()}
 	var err error
 	if sh.HandleType, sh.Handle, err = fileHandle(seg.Path); err != nil {
 		t.cfg.Log.Debug("no file handle", "segment", seg.Path, "err", err)
 	}
-	for _, k := range t.sidecarKeys(seg, st) {
-		sh.Objects = append(sh.Objects, k.key, chunkxfer.ManifestKey(k.key))
+	if from == 0 {
+		for _, k := range t.sidecarKeys(seg, st) {
+			sh.Objects = append(sh.Objects, k.key, chunkxfer.ManifestKey(k.key))
+		}
+	} else {
+		sh.Objects = append(sh.Objects, key, chunkxfer.ManifestKey(key))
 	}
+	base := strings.TrimSuffix(key, kafka.KindLog)
+	sh.Objects = append(sh.Objects, base+".batches", base+".rindex", base+".rtimeindex")
+	sh.Objects = append(sh.Objects, refs...)
 	return sh, writeShipment(t.cfg.StateDir, sh)
 }
 
@@ -533,14 +765,14 @@ type sidecarKey struct{ path, key string }
 // .log first, then its indexes, snapshot and the partition's
 // leader-epoch-checkpoint, those that exist.
 func (t *Tierer) sidecarKeys(seg Segment, st *syscall.Stat_t) []sidecarKey {
-	out := []sidecarKey{{seg.Path, objectKey(seg, st, ".log")}}
+	out := []sidecarKey{{seg.Path, t.objectKey(seg, st, ".log")}}
 	for _, kind := range []string{kafka.KindIndex, kafka.KindTimeIndex, kafka.KindTxnIndex, kafka.KindSnapshot} {
 		if p := sidecar(seg, kind); fileExists(p) {
-			out = append(out, sidecarKey{p, objectKey(seg, st, kind)})
+			out = append(out, sidecarKey{p, t.objectKey(seg, st, kind)})
 		}
 	}
 	if p := filepath.Join(filepath.Dir(seg.Path), "leader-epoch-checkpoint"); fileExists(p) {
-		out = append(out, sidecarKey{p, objectKey(seg, st, ".leader-epoch-checkpoint")})
+		out = append(out, sidecarKey{p, t.objectKey(seg, st, ".leader-epoch-checkpoint")})
 	}
 	return out
 }
@@ -564,23 +796,36 @@ func writeManifestCopy(path string, m *chunkxfer.Manifest) error {
 	return writeFileAtomic(path, b)
 }
 
-// index appends the segment's entries to the partition's index file
-// (once) and ships the index file and the segment's remote indexes.
-func (t *Tierer) index(ctx context.Context, seg Segment, key string) error {
+// index appends the entries of object key (the segment's bytes from
+// position from, whose first batch has offset objBase) to the
+// partition's index file (once), and ships the index file, on the
+// condition that no other broker changed it meanwhile, and the object's
+// remote indexes. A lost race takes the store's index and fails with
+// ErrIndexMoved: the next pass decides again from it.
+func (t *Tierer) index(ctx context.Context, seg Segment, key string, from, objBase int64) error {
 	unlock := t.lockPartition(seg.Partition)
 	defer unlock()
 	f, err := t.indexFile(seg.Partition)
 	if err != nil {
 		return err
 	}
+	next := nextOrMax(seg.Next)
 	var have bool
-	f.View(func(x *idx.Index) { lo, hi := x.Segment(seg.Base, seg.Next); have = hi > lo })
+	f.View(func(x *idx.Index) {
+		lo, hi := x.Segment(objBase, next)
+		for i := lo; i < hi; i++ {
+			if strings.HasPrefix(string(x.Entry(i).RDI), key+"@") {
+				have = true
+				return
+			}
+		}
+	})
 	if !have {
 		lf, err := os.Open(seg.Path)
 		if err != nil {
 			return err
 		}
-		c, err := idx.ChunkSegment(seg.Path, lf, seg.Size, seg.Base, idx.ChunkOptions{})
+		c, err := idx.ChunkSegment(seg.Path, io.NewSectionReader(lf, from, seg.Size-from), seg.Size-from, objBase, idx.ChunkOptions{})
 		lf.Close()
 		if err != nil {
 			return err
@@ -599,38 +844,20 @@ func (t *Tierer) index(ctx context.Context, seg Segment, key string) error {
 		}
 	}
 	var ri idx.RemoteIndexes
-	f.View(func(x *idx.Index) { ri, err = x.BuildRemoteIndexes(seg.Base, nextOrMax(seg.Next)) })
+	f.View(func(x *idx.Index) { ri, err = x.BuildRemoteIndexes(objBase, next) })
 	if err != nil {
 		return err
 	}
-	dir := filepath.Dir(f.Path())
-	if err := idx.WriteRemoteIndexes(dir, ri); err != nil {
+	if err := idx.WriteRemoteIndexes(filepath.Dir(f.Path()), ri); err != nil {
 		return err
 	}
-	for name, b := range map[string][]byte{
-		idx.RemoteOffsetIndexName(seg.Base): ri.MarshalOffsets(),
-		idx.RemoteTimeIndexName(seg.Base):   ri.MarshalTimes(),
-	} {
-		if _, err := t.cfg.Store.Put(ctx, seg.Partition+"/"+name, bytes.NewReader(b), int64(len(b))); err != nil {
+	base := strings.TrimSuffix(key, kafka.KindLog)
+	for name, b := range map[string][]byte{base + ".rindex": ri.MarshalOffsets(), base + ".rtimeindex": ri.MarshalTimes()} {
+		if _, err := t.cfg.Store.Put(ctx, name, bytes.NewReader(b), int64(len(b))); err != nil {
 			return err
 		}
 	}
 	return t.putIndex(ctx, seg.Partition, f)
-}
-
-// putIndex ships the partition's index file as it is now.
-func (t *Tierer) putIndex(ctx context.Context, partition string, f *idx.File) error {
-	var data []byte
-	var err error
-	f.View(func(x *idx.Index) {
-		data, err = os.ReadFile(f.Path())
-		data = data[:min(int64(len(data)), x.Size())]
-	})
-	if err != nil {
-		return err
-	}
-	_, err = t.cfg.Store.Put(ctx, partition+"/"+idx.FileName, bytes.NewReader(data), int64(len(data)))
-	return err
 }
 
 func nextOrMax(n int64) int64 {
@@ -750,21 +977,14 @@ func (t *Tierer) Evict(path string) error {
 	if !has || rec.State != StateShipped {
 		return fmt.Errorf("%s is not shipped", path)
 	}
-	m, err := t.loadManifest(rec)
-	if err != nil {
-		return fmt.Errorf("no usable manifest, not freeing local bytes: %w", err)
-	}
 	// The copy was verified when it shipped; it must still be there,
 	// unchanged, now.
-	hctx, cancel := context.WithTimeout(context.Background(), time.Minute)
-	info, err := t.cfg.Store.Head(hctx, rec.Key)
-	cancel()
-	if err != nil || info.ETag != m.ETag || info.Size != m.Size {
-		if errors.Is(err, store.ErrNotFound) || err == nil {
+	if err := t.checkCopies(rec); err != nil {
+		if errors.Is(err, store.ErrNotFound) {
 			// Gone or replaced: forget the copy; the segment ships again.
 			unix.Removexattr(path, recordXattr)
 		}
-		return fmt.Errorf("remote copy %s is not the one shipped (%v), not freeing local bytes", rec.Key, err)
+		return fmt.Errorf("%v: not freeing the local bytes of %s", err, path)
 	}
 	if t.cfg.BeforeFree != nil {
 		if err := t.cfg.BeforeFree(path); err != nil {

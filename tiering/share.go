@@ -1,0 +1,330 @@
+package tiering
+
+import (
+	"bufio"
+	"bytes"
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"os"
+	"path"
+	"path/filepath"
+	"strings"
+
+	"github.com/tierfs/tierfs/chunkxfer/store"
+	"github.com/tierfs/tierfs/idx"
+)
+
+// Several brokers share one store (DESIGN.md §5): each mount of a
+// partition's replicas sees the same store prefix.
+//
+//   - Objects of a shipment carry the broker in their id (identityKey),
+//     so two brokers never write the same object name.
+//   - <partition>/RemoteLogSegmentIndex is shared. Whoever ships (the
+//     leader) appends to it with a compare-and-swap (PutIf on the ETag it
+//     last saw), so two brokers that both believe they lead cannot lose
+//     each other's entries; the loser reads the store's index and decides
+//     again. Every mount keeps a local copy, replaced when the store's
+//     changes (syncIndex).
+//   - A file another broker maps onto an object holds a reference,
+//     <object>.refs/<holder>, and the object's owner does not delete it
+//     while references remain (see takeRefs and deleteOwn).
+
+// ErrIndexMoved is a compare-and-swap of a partition's index that lost:
+// another broker changed it since this one last read it.
+var ErrIndexMoved = errors.New("the partition's index in the store was changed by another broker")
+
+// brokerID is the node.id (or broker.id) in the log dir's meta.properties,
+// "" when there is none.
+func brokerID(root string) string {
+	f, err := os.Open(filepath.Join(root, "meta.properties"))
+	if err != nil {
+		return ""
+	}
+	defer f.Close()
+	id := ""
+	sc := bufio.NewScanner(f)
+	for sc.Scan() {
+		k, v, ok := strings.Cut(strings.TrimSpace(sc.Text()), "=")
+		if ok && (k == "node.id" || k == "broker.id" && id == "") {
+			id = strings.TrimSpace(v)
+		}
+	}
+	return id
+}
+
+// storeState is what a mount knows of a partition's index in the store.
+type storeState struct {
+	ETag string `json:"etag"` // of the store's index as this mount last read or wrote it
+}
+
+func (t *Tierer) storeStatePath(partition string) string {
+	return filepath.Join(t.cfg.StateDir, "idx", partition, "store.json")
+}
+
+func (t *Tierer) loadStoreState(partition string) storeState {
+	var s storeState
+	if b, err := os.ReadFile(t.storeStatePath(partition)); err == nil {
+		json.Unmarshal(b, &s)
+	}
+	return s
+}
+
+func (t *Tierer) saveStoreState(partition string, s storeState) error {
+	b, err := json.Marshal(s)
+	if err != nil {
+		return err
+	}
+	return writeFileAtomic(t.storeStatePath(partition), b)
+}
+
+// syncIndex makes the local copy of a partition's index the store's, if
+// the store's changed since this mount last read or wrote it; it says
+// whether it did. Call it with the partition locked.
+func (t *Tierer) syncIndex(ctx context.Context, partition string) (bool, error) {
+	key := partition + "/" + idx.FileName
+	st := t.loadStoreState(partition)
+	info, err := t.cfg.Store.Head(ctx, key)
+	switch {
+	case errors.Is(err, store.ErrNotFound):
+		if st.ETag == "" {
+			return false, nil // never in the store, or this mount's first put failed
+		}
+		info = store.ObjectInfo{} // dropped by another broker: empty
+	case err != nil:
+		return false, fmt.Errorf("look for the index of %s in the store: %w", partition, err)
+	case info.ETag == st.ETag:
+		return false, nil
+	}
+	var data []byte
+	if info.ETag != "" {
+		data, err = store.ReadAll(t.cfg.Store.Get(ctx, key, 0, -1, store.GetOptions{IfMatch: info.ETag}))
+		if err != nil {
+			return false, fmt.Errorf("read the index of %s from the store: %w", partition, err)
+		}
+		if _, valid, err := idx.ParseIndex(key, data); err != nil {
+			return false, err
+		} else if valid != int64(len(data)) {
+			return false, fmt.Errorf("the store's %s has a torn entry at %d", key, valid)
+		}
+	}
+	if err := t.replaceIndex(partition, data); err != nil {
+		return false, err
+	}
+	if err := t.saveStoreState(partition, storeState{ETag: info.ETag}); err != nil {
+		return false, err
+	}
+	t.cfg.Log.Debug("took the store's index", "partition", partition, "bytes", len(data))
+	return true, nil
+}
+
+// replaceIndex replaces the local index file of a partition with data,
+// and its remote offset and time indexes with ones built from it.
+func (t *Tierer) replaceIndex(partition string, data []byte) error {
+	t.mu.Lock()
+	if f := t.indexes[partition]; f != nil {
+		f.Close()
+		delete(t.indexes, partition)
+	}
+	t.mu.Unlock()
+	dir := filepath.Join(t.cfg.StateDir, "idx", partition)
+	if err := os.MkdirAll(dir, 0o755); err != nil {
+		return err
+	}
+	if err := writeFileAtomic(filepath.Join(dir, idx.FileName), data); err != nil {
+		return err
+	}
+	f, err := t.indexFile(partition)
+	if err != nil {
+		return err
+	}
+	return writeAllRemoteIndexes(dir, f)
+}
+
+// writeAllRemoteIndexes writes the remote offset and time indexes of
+// every object's run of entries (a shipped segment, or its tail), after
+// removing those of runs that are gone.
+func writeAllRemoteIndexes(dir string, f *idx.File) error {
+	old, _ := filepath.Glob(filepath.Join(dir, "*.rindex"))
+	olds, _ := filepath.Glob(filepath.Join(dir, "*.rtimeindex"))
+	stale := map[string]bool{}
+	for _, p := range append(old, olds...) {
+		stale[p] = true
+	}
+	var err error
+	f.View(func(x *idx.Index) {
+		var bases []int64
+		last := ""
+		for i := 0; i < x.Len(); i++ {
+			e := x.Entry(i)
+			k, _, _ := strings.Cut(string(e.RDI), "@")
+			if k != last {
+				bases = append(bases, e.FirstOffset)
+				last = k
+			}
+		}
+		for i, b := range bases {
+			next := int64(1<<63 - 1)
+			if i+1 < len(bases) {
+				next = bases[i+1]
+			}
+			var ri idx.RemoteIndexes
+			if ri, err = x.BuildRemoteIndexes(b, next); err != nil {
+				return
+			}
+			if err = idx.WriteRemoteIndexes(dir, ri); err != nil {
+				return
+			}
+			delete(stale, filepath.Join(dir, idx.RemoteOffsetIndexName(b)))
+			delete(stale, filepath.Join(dir, idx.RemoteTimeIndexName(b)))
+		}
+	})
+	for p := range stale {
+		os.Remove(p)
+	}
+	return err
+}
+
+// putIndex ships the partition's index file as it is now, on the
+// condition that the store's is still the one this mount last saw
+// (ErrIndexMoved otherwise). Call it with the partition locked.
+func (t *Tierer) putIndex(ctx context.Context, partition string, f *idx.File) error {
+	var data []byte
+	var err error
+	f.View(func(x *idx.Index) {
+		data, err = os.ReadFile(f.Path())
+		data = data[:min(int64(len(data)), x.Size())]
+	})
+	if err != nil {
+		return err
+	}
+	st := t.loadStoreState(partition)
+	cond := store.PutCond{IfMatch: st.ETag, IfNoneMatch: st.ETag == ""}
+	info, err := t.cfg.Store.PutIf(ctx, partition+"/"+idx.FileName, bytes.NewReader(data), int64(len(data)), cond)
+	if errors.Is(err, store.ErrPrecondition) {
+		// What this mount appended is dropped; the next pass decides
+		// again from the store's index.
+		if _, serr := t.syncIndex(ctx, partition); serr != nil {
+			t.cfg.Log.Warn("cannot read the store's index after losing a race to it", "partition", partition, "err", serr)
+		}
+		return fmt.Errorf("%s: %w", partition, ErrIndexMoved)
+	}
+	if err != nil {
+		return err
+	}
+	if info.ETag == "" {
+		if info, err = t.cfg.Store.Head(ctx, partition+"/"+idx.FileName); err != nil {
+			return err
+		}
+	}
+	return t.saveStoreState(partition, storeState{ETag: info.ETag})
+}
+
+// References. A holder is a file of this mount, named by its own key's
+// base name (which has the broker in its id).
+
+func refPrefix(key string) string      { return key + ".refs/" }
+func refKey(key, holder string) string { return refPrefix(key) + holder }
+func deletingKey(key string) string    { return key + ".deleting" }
+func isRefKey(key string) bool         { return strings.Contains(key, ".refs/") }
+func refHolder(ref string) string      { _, h, _ := strings.Cut(ref, ".refs/"); return h }
+func holderOf(key string) string       { return path.Base(key) }
+func ownedBy(key, holder string) bool  { return path.Base(key) == holder }
+
+// refsOf are the references holder takes on keys (none on its own).
+func refsOf(keys []string, holder string) []string {
+	var out []string
+	for _, k := range keys {
+		if !ownedBy(k, holder) {
+			out = append(out, refKey(k, holder))
+		}
+	}
+	return out
+}
+
+// ErrObjectDeleting is an object its owner is deleting: no new
+// reference to it can be taken.
+var ErrObjectDeleting = errors.New("its owner is deleting it")
+
+// takeRef makes holder a referrer of key: the reference is put first,
+// then the object must have no deletion marker and still be etag. An
+// owner puts its marker before it lists the references, so either it
+// sees this reference and keeps the object, or this sees its marker (or
+// the object gone) and takes nothing.
+func (t *Tierer) takeRef(ctx context.Context, key, etag, holder string) error {
+	ref := refKey(key, holder)
+	if _, err := t.cfg.Store.Put(ctx, ref, bytes.NewReader(nil), 0); err != nil {
+		return err
+	}
+	_, err := t.cfg.Store.Head(ctx, deletingKey(key))
+	switch {
+	case err == nil:
+		err = fmt.Errorf("%s: %w", key, ErrObjectDeleting)
+	case errors.Is(err, store.ErrNotFound):
+		var info store.ObjectInfo
+		info, err = t.cfg.Store.Head(ctx, key)
+		if err == nil && info.ETag != etag {
+			err = fmt.Errorf("%s was replaced (etag %s, mapped %s): %w", key, info.ETag, etag, store.ErrNotFound)
+		}
+	}
+	if err != nil {
+		deleteObject(ctx, t.cfg.Store, ref)
+		return err
+	}
+	return nil
+}
+
+// takeRefs references every object of extents for holder.
+func (t *Tierer) takeRefs(ctx context.Context, es []Extent, holder string) error {
+	for _, k := range extentKeys(es) {
+		if ownedBy(k, holder) {
+			continue
+		}
+		etag := ""
+		for _, e := range es {
+			if e.Key == k {
+				etag = e.ETag
+				break
+			}
+		}
+		if err := t.takeRef(ctx, k, etag, holder); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// errReferenced keeps an object another broker's file still maps onto.
+var errReferenced = errors.New("another broker's files still read from it")
+
+// deleteOwn deletes objects of this mount's (data objects, with their
+// manifests) unless another broker references one of them: a deletion
+// marker goes first, then the references are listed; with none, the
+// objects go, and the marker last.
+func (t *Tierer) deleteOwn(ctx context.Context, key string, objs []string) error {
+	if err := putEmpty(ctx, t.cfg.Store, deletingKey(key)); err != nil {
+		return err
+	}
+	refs, err := t.cfg.Store.List(ctx, refPrefix(key))
+	if err != nil {
+		return err
+	}
+	if len(refs) > 0 {
+		if err := deleteObject(ctx, t.cfg.Store, deletingKey(key)); err != nil {
+			return err
+		}
+		return fmt.Errorf("%s: %d references, the first %s: %w", key, len(refs), refHolder(refs[0].Key), errReferenced)
+	}
+	for _, k := range objs {
+		if err := deleteObject(ctx, t.cfg.Store, k); err != nil {
+			return err
+		}
+	}
+	return deleteObject(ctx, t.cfg.Store, deletingKey(key))
+}
+
+func putEmpty(ctx context.Context, s store.Store, key string) error {
+	_, err := s.Put(ctx, key, bytes.NewReader(nil), 0)
+	return err
+}

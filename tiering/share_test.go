@@ -1,0 +1,308 @@
+package tiering
+
+import (
+	"context"
+	"fmt"
+	"os"
+	"path/filepath"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/tierfs/tierfs/chunkxfer/store"
+	"github.com/tierfs/tierfs/idx/kafka/kafkatest"
+)
+
+// replica is one broker's copy of partition orders-0, written as a
+// broker does: the same batches as every other replica, appended to the
+// active segment, which rolls at this replica's own points.
+type replica struct {
+	root    string
+	id      string
+	rollAt  map[int]bool // batch numbers that start a new segment
+	batches [][]byte     // the stream, shared by all replicas
+	n       int          // batches written
+	bases   []int64
+	offs    []int64 // base offset of each batch of the stream
+}
+
+func newReplica(t *testing.T, id string, stream [][]byte, offs []int64, every int) *replica {
+	r := &replica{root: filepath.Join(t.TempDir(), "broker-"+id), id: id, rollAt: map[int]bool{}, batches: stream, offs: offs}
+	for i := every; i < len(stream); i += every {
+		r.rollAt[i] = true
+	}
+	if err := os.MkdirAll(filepath.Join(r.root, "orders-0"), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	os.WriteFile(filepath.Join(r.root, "meta.properties"), []byte("version=1\nnode.id="+id+"\n"), 0o644)
+	return r
+}
+
+func (r *replica) segPath(base int64) string {
+	return filepath.Join(r.root, "orders-0", kafkaName(base, ".log"))
+}
+
+// grow appends the stream's batches up to n, rolling where this replica
+// rolls; rolled segments look an hour old, and the checkpoints say all is
+// flushed and replicated up to the active segment.
+func (r *replica) grow(t *testing.T, n int) {
+	t.Helper()
+	for ; r.n < n; r.n++ {
+		if r.n == 0 || r.rollAt[r.n] {
+			if len(r.bases) > 0 {
+				old := time.Now().Add(-time.Hour)
+				os.Chtimes(r.segPath(r.bases[len(r.bases)-1]), old, old)
+			}
+			r.bases = append(r.bases, r.offs[r.n])
+		}
+		f, err := os.OpenFile(r.segPath(r.bases[len(r.bases)-1]), os.O_WRONLY|os.O_CREATE|os.O_APPEND, 0o644)
+		if err != nil {
+			t.Fatal(err)
+		}
+		f.Write(r.batches[r.n])
+		f.Close()
+	}
+	active := r.bases[len(r.bases)-1]
+	end := r.offs[len(r.offs)-1] + 1
+	if r.n < len(r.offs) {
+		end = r.offs[r.n]
+	}
+	for name, body := range map[string]string{
+		"recovery-point-offset-checkpoint": fmt.Sprintf("0\n1\norders 0 %d\n", active),
+		"replication-offset-checkpoint":    fmt.Sprintf("0\n1\norders 0 %d\n", end),
+		"log-start-offset-checkpoint":      "0\n0\n",
+	} {
+		if err := os.WriteFile(filepath.Join(r.root, name), []byte(body), 0o644); err != nil {
+			t.Fatal(err)
+		}
+	}
+}
+
+// want is what segment base holds: the stream's batches from its base
+// to the next segment's.
+func (r *replica) want(i int) []byte {
+	var out []byte
+	for j := 0; j < r.n; j++ {
+		if r.offs[j] >= r.bases[i] && (i+1 == len(r.bases) || r.offs[j] < r.bases[i+1]) {
+			out = append(out, r.batches[j]...)
+		}
+	}
+	return out
+}
+
+func shareTierer(t *testing.T, r *replica, s store.Store, role string) *Tierer {
+	tr, err := New(Config{Root: r.root, StateDir: filepath.Join(r.root, ".tierfs"), Store: s, Role: role,
+		Policy: Policy{ShipAfter: 10 * time.Minute}, LocalRetentionBytes: 1, ChunkSize: 64 << 10})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { tr.Close() })
+	return tr
+}
+
+// checkReplica reads every segment of a replica back, whatever its
+// state, and returns its local and remote segment counts and the bytes
+// its .log files hold on disk.
+func checkReplica(t *testing.T, tr *Tierer, r *replica) (local, remote int, onDisk int64) {
+	t.Helper()
+	for i, base := range r.bases {
+		p := r.segPath(base)
+		want := r.want(i)
+		st, _, err := tr.State(p)
+		if err != nil {
+			t.Fatal(err)
+		}
+		var got []byte
+		if st == StateRemote {
+			remote++
+			got = readAll(t, tr, p)
+		} else {
+			local++
+			got, _ = os.ReadFile(p)
+		}
+		if sha(got) != sha(want) {
+			t.Errorf("broker %s: %s (%s) does not read back: %d bytes, want %d", r.id, filepath.Base(p), st, len(got), len(want))
+		}
+		var sst syscall.Stat_t
+		syscall.Stat(p, &sst)
+		onDisk += sst.Blocks * 512
+	}
+	return local, remote, onDisk
+}
+
+// logBytes sums the sizes of the segment objects (.log) in the store.
+func logBytes(t *testing.T, s store.Store) int64 {
+	t.Helper()
+	infos, err := s.List(context.Background(), "orders-0/")
+	if err != nil {
+		t.Fatal(err)
+	}
+	var n int64
+	for _, o := range infos {
+		if strings.HasSuffix(o.Key, ".log") {
+			n += o.Size
+		}
+	}
+	return n
+}
+
+// TestBrokersShareTheStore: three replicas of one partition, fed the
+// same batches but rolling at different points, share a store. The
+// leader ships; the followers map their segments onto its objects once
+// the store holds all of a segment, and free them; every file of every
+// broker reads back byte-exact; each batch is stored once. Then the
+// leader changes mid-stream: the new leader ships only what the store
+// lacks, from inside its segments. Deleting follows references: a
+// leader's object goes only when no follower's file reads from it.
+func TestBrokersShareTheStore(t *testing.T) {
+	for name, mk := range map[string]func(t *testing.T) store.Store{
+		"mem": func(t *testing.T) store.Store { return store.NewMem(nil) },
+		"dir": func(t *testing.T) store.Store {
+			d, err := store.NewDir(filepath.Join(t.TempDir(), "remote"))
+			if err != nil {
+				t.Fatal(err)
+			}
+			return d
+		},
+	} {
+		t.Run(name, func(t *testing.T) { testBrokersShareTheStore(t, mk(t)) })
+	}
+}
+
+func testBrokersShareTheStore(t *testing.T, s store.Store) {
+	const total = 90
+	var stream [][]byte
+	var offs []int64
+	var size []int64 // bytes of the stream up to batch i
+	ts := time.Now().Add(-2 * time.Hour).UnixMilli()
+	var off, sum int64
+	for i := range total {
+		recs := 3 + i%4
+		b := kafkatest.Encode(kafkatest.Batch{Base: off, Records: recs, ValueSize: 6000, TS: ts + off, Epoch: 1, Attrs: int16(i % 2)})
+		stream, offs = append(stream, b), append(offs, off)
+		size = append(size, sum)
+		off += int64(recs)
+		sum += int64(len(b))
+	}
+	size = append(size, sum)
+	b1 := newReplica(t, "1", stream, offs, 10)
+	b2 := newReplica(t, "2", stream, offs, 7)
+	// Broker 3's log diverged at batch 20 (the same offsets written in
+	// another leader epoch, as after an unclean election).
+	stream3 := append([][]byte(nil), stream...)
+	stream3[20] = kafkatest.Encode(kafkatest.Batch{Base: offs[20], Records: 3 + 20%4, ValueSize: 6000, TS: ts + offs[20], Epoch: 2})
+	b3 := newReplica(t, "3", stream3, offs, 13)
+	t1 := shareTierer(t, b1, s, RoleLeader)
+	t2 := shareTierer(t, b2, s, RoleFollower)
+	t3 := shareTierer(t, b3, s, RoleFollower)
+	for _, r := range []*replica{b1, b2, b3} {
+		r.grow(t, 45)
+	}
+	_, _, before2 := checkReplica(t, t2, b2)
+	// Followers first: nothing is in the store, nothing is mapped.
+	if rep := mustPass(t, t2); rep.Shipped != 0 {
+		t.Fatalf("a follower shipped: %+v", rep)
+	}
+	if why := t2.LastErrors()["orders-0"].Kept; !strings.Contains(why, "not in the store yet") {
+		t.Fatalf("follower's reason: %q", why)
+	}
+	rep := mustPass(t, t1)
+	if rep.Shipped != 4 { // segments 0..39 of 45 batches; 40.. is active
+		t.Fatalf("leader: %+v", rep)
+	}
+	if got, want := logBytes(t, s), size[40]; got != want {
+		t.Fatalf("store holds %d bytes of segments, want %d (batches 0..39 once)", got, want)
+	}
+	mustPass(t, t2)
+	mustPass(t, t3)
+	// b2 rolls at 7, 14, ..., 42: its segments up to batch 35 lie in what
+	// the leader shipped; 35..41 does not (batch 40 is not shipped).
+	l2, r2, after2 := checkReplica(t, t2, b2)
+	if r2 != 5 || l2 != 2 {
+		t.Fatalf("follower 2: %d remote, %d local segments", r2, l2)
+	}
+	if after2 >= before2/2 {
+		t.Fatalf("follower 2 holds %d bytes on disk, %d before", after2, before2)
+	}
+	if why := t2.LastErrors()["orders-0"].Kept; !strings.Contains(why, "not in the store yet") {
+		t.Fatalf("follower's reason: %q", why)
+	}
+	l3, r3, _ := checkReplica(t, t3, b3)
+	if r3 != 2 || l3 != 2 { // 0 and 26 mapped; 13 diverged; 39.. active
+		t.Fatalf("follower 3: %d remote, %d local segments", r3, l3)
+	}
+	if why := t3.LastErrors()["orders-0"].Kept; !strings.Contains(why, "differs from the store's copy") || !strings.Contains(why, kafkaName(offs[13], ".log")) {
+		t.Fatalf("diverged follower's reason: %q", why)
+	}
+	checkReplica(t, t1, b1)
+	// A follower's evicted file is held by several of the leader's
+	// objects, and reads across them.
+	rec, _, _ := readRecord(b2.segPath(b2.bases[1])) // batches 7..13: objects 0.. and 10..
+	if len(rec.Extents) != 2 || rec.Extents[0].Key == rec.Extents[1].Key {
+		t.Fatalf("extents of a follower's segment: %+v", rec.Extents)
+	}
+
+	// The leader changes: broker 2 leads from here, broker 1 follows.
+	t1.Close()
+	t2.Close()
+	t1 = shareTierer(t, b1, s, RoleFollower)
+	t2 = shareTierer(t, b2, s, RoleLeader)
+	for _, r := range []*replica{b1, b2, b3} {
+		r.grow(t, total)
+	}
+	putsBefore := logBytes(t, s)
+	rep = mustPass(t, t2)
+	if rep.Shipped == 0 {
+		t.Fatalf("new leader: %+v", rep)
+	}
+	// b2's segment 35..41 had 35..39 in the store: only 40.. went up.
+	// Everything up to its active segment (84..) is stored, once.
+	if got, want := logBytes(t, s), size[84]; got != want {
+		t.Fatalf("store holds %d bytes of segments, want %d (batches 0..83 once; %d before)", got, want, putsBefore)
+	}
+	rec, _, _ = readRecord(b2.segPath(b2.bases[5]))
+	if len(rec.Extents) != 2 || rec.Extents[1].Pos == 0 || rec.Extents[1].Key != rec.Key {
+		t.Fatalf("new leader's segment across the change: %+v", rec)
+	}
+	mustPass(t, t1)
+	mustPass(t, t3)
+	for _, c := range []struct {
+		tr *Tierer
+		r  *replica
+	}{{t1, b1}, {t2, b2}, {t3, b3}} {
+		local, remote, _ := checkReplica(t, c.tr, c.r)
+		if want := map[*replica]int{b3: 2}[c.r]; local != max(1, want) {
+			t.Errorf("broker %s: %d local, %d remote", c.r.id, local, remote)
+		}
+	}
+
+	// Broker 1 deletes its first segment (retention): its objects hold
+	// bytes of brokers 2's and 3's files, so they stay.
+	first := b1.segPath(b1.bases[0])
+	rec1, _, _ := readRecord(first)
+	os.Remove(first)
+	mustPass(t, t1)
+	if _, err := s.Head(context.Background(), rec1.Key); err != nil {
+		t.Fatalf("an object others read from was deleted: %v", err)
+	}
+	refs := objects(t, s, rec1.Key+".refs/")
+	if len(refs) != 3 { // broker 2's first two segments, broker 3's first
+		t.Fatalf("references to %s: %v", rec1.Key, refs)
+	}
+	checkReplica(t, t2, b2)
+	// The others delete theirs (broker 2 the first two: its second also
+	// reads from it); then the object goes at broker 1's next pass.
+	os.Remove(b2.segPath(b2.bases[0]))
+	os.Remove(b2.segPath(b2.bases[1]))
+	os.Remove(b3.segPath(b3.bases[0]))
+	mustPass(t, t2)
+	mustPass(t, t3)
+	if refs := objects(t, s, rec1.Key+".refs/"); len(refs) != 0 {
+		t.Fatalf("references left: %v", refs)
+	}
+	mustPass(t, t1)
+	if left := objects(t, s, strings.TrimSuffix(rec1.Key, ".log")); len(left) != 0 {
+		t.Fatalf("objects of the deleted segment left: %v", left)
+	}
+}
