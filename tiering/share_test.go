@@ -2,6 +2,7 @@ package tiering
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"os"
 	"path/filepath"
@@ -304,5 +305,61 @@ func testBrokersShareTheStore(t *testing.T, s store.Store) {
 	mustPass(t, t1)
 	if left := objects(t, s, strings.TrimSuffix(rec1.Key, ".log")); len(left) != 0 {
 		t.Fatalf("objects of the deleted segment left: %v", left)
+	}
+}
+
+// TestTwoLeadersRace: two mounts both believe they lead and ship the
+// same partition at once. The index's compare-and-swap lets one win each
+// append; the loser decides again from the store's index, maps what the
+// winner shipped and removes what it uploaded in vain. In the end each
+// batch is stored once and both read back.
+func TestTwoLeadersRace(t *testing.T) {
+	s := store.NewMem(nil)
+	var stream [][]byte
+	var offs []int64
+	var size []int64
+	var off, sum int64
+	for range 60 {
+		b := kafkatest.Encode(kafkatest.Batch{Base: off, Records: 4, ValueSize: 3000, TS: 1000 + off, Epoch: 1})
+		stream, offs, size = append(stream, b), append(offs, off), append(size, sum)
+		off += 4
+		sum += int64(len(b))
+	}
+	b1 := newReplica(t, "1", stream, offs, 10)
+	b2 := newReplica(t, "2", stream, offs, 7)
+	b1.grow(t, 60)
+	b2.grow(t, 60)
+	t1 := shareTierer(t, b1, s, RoleLeader)
+	t2 := shareTierer(t, b2, s, RoleLeader)
+	lost := 0
+	for range 3 {
+		done := make(chan Report)
+		for _, tr := range []*Tierer{t1, t2} {
+			go func() { done <- tr.RunOnce(context.Background()) }()
+		}
+		for range 2 {
+			for _, err := range (<-done).Errors {
+				if !errors.Is(err, ErrIndexMoved) {
+					t.Fatal(err)
+				}
+				lost++
+			}
+		}
+	}
+	mustPass(t, t1)
+	mustPass(t, t2)
+	mustPass(t, t1)
+	t.Logf("appends that lost the race: %d", lost)
+	// b1 ships up to 50 (its active segment), b2 up to 56.
+	if got, want := logBytes(t, s), size[56]; got != want {
+		t.Fatalf("store holds %d bytes of segments, want %d (each batch once)", got, want)
+	}
+	for _, c := range []struct {
+		tr *Tierer
+		r  *replica
+	}{{t1, b1}, {t2, b2}} {
+		if local, _, _ := checkReplica(t, c.tr, c.r); local != 1 {
+			t.Errorf("broker %s: %d segments local", c.r.id, local)
+		}
 	}
 }
