@@ -45,6 +45,8 @@ func Registry(t Tiering, cache *chunkxfer.Cache, log *slog.Logger) *prometheus.R
 		counter(reg, "tierfs_evicted_bytes_total", "Local bytes freed by eviction.", c.FreedBytes.Load)
 		counter(reg, "tierfs_hydrated_segments_total", "Evicted segments brought back to local disk (tierfs hydrate).", c.HydratedSegments.Load)
 		counter(reg, "tierfs_hydrated_bytes_total", "Bytes of segments brought back to local disk.", c.HydratedBytes.Load)
+		counter(reg, "tierfs_mapped_segments_total", "Segments found whole in the store, shipped by another broker, and mapped onto its objects.", c.MappedSegments.Load)
+		counter(reg, "tierfs_mapped_bytes_total", "Bytes of segments (or their heads) mapped onto another broker's objects instead of being uploaded.", c.MappedBytes.Load)
 		counter(reg, "tierfs_remote_delete_segments_total", "Remote copies deleted after the broker deleted their segment.", c.DeletedSegments.Load)
 		counter(reg, "tierfs_tiering_errors_total", "Failed tiering steps (ship, evict, delete); the last one of each partition is in tierfs_partition_last_error_timestamp_seconds and tierfs status.", c.Errors.Load)
 	}

@@ -43,8 +43,9 @@ func cmdMount() *cli.Command {
 			&cli.IntFlag{Name: "ship-concurrency", Value: 2, Usage: "segments shipped at once", EnvVars: []string{"TIERFS_SHIP_CONCURRENCY"}},
 			&cli.DurationFlag{Name: "tier-interval", Value: 30 * time.Second, Usage: "how often the tierer looks for work", EnvVars: []string{"TIERFS_TIER_INTERVAL"}},
 			&cli.Int64Flag{Name: "cache-bytes", Value: 256 << 20, Usage: "memory for chunks of remote files", EnvVars: []string{"TIERFS_CACHE_BYTES"}},
-			&cli.StringFlag{Name: "role", Value: "leader", Usage: "leader: ship and evict this broker's segments; reader: a read-only log dir of every segment in the store (--remote), for analytics hosts", EnvVars: []string{"TIERFS_ROLE"}},
-			&cli.DurationFlag{Name: "follow-interval", Value: 10 * time.Second, Usage: "reader: how often the store is looked at for new and deleted segments", EnvVars: []string{"TIERFS_FOLLOW_INTERVAL"}},
+			&cli.StringFlag{Name: "role", Value: "leader", Usage: "leader: ship and evict this broker's segments; follower: ship nothing, free segments whose batches the leader shipped (brokers sharing --remote); reader: a read-only log dir of every segment in the store (--remote), for analytics hosts", EnvVars: []string{"TIERFS_ROLE"}},
+			&cli.DurationFlag{Name: "follow-interval", Value: 10 * time.Second, Usage: "follower and reader: how often the store is looked at for new and deleted segments", EnvVars: []string{"TIERFS_FOLLOW_INTERVAL"}},
+			&cli.StringFlag{Name: "broker-id", Usage: "this broker's name among the brokers sharing --remote (default: node.id from the log dir's meta.properties)", EnvVars: []string{"TIERFS_BROKER_ID"}},
 			&cli.StringFlag{Name: "metrics-listen", Usage: "serve Prometheus metrics at http://ADDR/metrics, e.g. 127.0.0.1:9464 (default: none)", EnvVars: []string{"TIERFS_METRICS_LISTEN"}},
 		}, append(cmFlags(), s3KeyFlags()...)...),
 		Action: runMount,
@@ -107,9 +108,11 @@ func runMount(c *cli.Context) error {
 			}
 		}
 	case "follower":
-		return &exitError{code: 2, err: errors.New("--role follower is not built yet (leader or reader)")}
+		if c.String("remote") == "" {
+			return &exitError{code: 2, err: errors.New("--role follower needs --remote: the store its leader ships to")}
+		}
 	default:
-		return &exitError{code: 2, err: fmt.Errorf("--role %q: leader or reader", role)}
+		return &exitError{code: 2, err: fmt.Errorf("--role %q: leader, follower or reader", role)}
 	}
 	remote := &remoteFiles{}
 	changes, err := newChanges(c, remote)
@@ -141,6 +144,8 @@ func runMount(c *cli.Context) error {
 			ShipRate:                 shipRate,
 			Cache:                    cache,
 			BeforeFree:               beforeFree(changes),
+			Role:                     c.String("role"),
+			BrokerID:                 c.String("broker-id"),
 			Log:                      log,
 		})
 		if err != nil {
@@ -219,6 +224,10 @@ func runMount(c *cli.Context) error {
 			}
 			log.Info("reader: a read-only view of the store", "remote", redactURL(c.String("remote")), "partitions", rep.PartitionsListed, "segments", rep.Segments, "follow_interval", c.Duration("follow-interval"))
 			go tierer.RunMirror(ctx, c.Duration("follow-interval"))
+		} else if c.String("role") == tiering.RoleFollower {
+			go tierer.Run(ctx, c.Duration("follow-interval"))
+			log.Info("follower: frees segments the leader shipped", "remote", redactURL(c.String("remote")), "follow_interval", c.Duration("follow-interval"),
+				"local_retention_bytes", c.Int64("local-retention-bytes"), "local_retention_age", c.Duration("local-retention-age"))
 		} else {
 			go tierer.Run(ctx, c.Duration("tier-interval"))
 			log.Info("tiering", "remote", redactURL(c.String("remote")), "ship_after", c.Duration("ship-after"),

@@ -99,16 +99,25 @@ func status(w io.Writer, root string, now time.Time, lastErr map[string]tiering.
 	return tw.Flush()
 }
 
-// errorCell is "<age> ago: <error>", cut to fit a line, or "-".
+// errorCell is "<age> ago: <error>", or, with no error, why a segment
+// is kept local ("kept local: <segment>: <why>"), cut to fit a line, or
+// "-".
 func errorCell(now time.Time, e tiering.PartitionError) string {
 	if e.Err == "" {
+		if e.Kept != "" {
+			return cut("kept local: " + e.Kept)
+		}
 		return "-"
 	}
-	msg := strings.Join(strings.Fields(e.Err), " ")
+	return age(now, e.Time) + " ago: " + cut(e.Err)
+}
+
+func cut(msg string) string {
+	msg = strings.Join(strings.Fields(msg), " ")
 	if r := []rune(msg); len(r) > 100 {
 		msg = string(r[:99]) + "…"
 	}
-	return age(now, e.Time) + " ago: " + msg
+	return msg
 }
 
 // age is how long ago t was, "-" for none. SHIP_LAG is the age of the

@@ -28,7 +28,7 @@ func TestStatus(t *testing.T) {
 		t.Fatalf("%+v", rep)
 	}
 	var out bytes.Buffer
-	lastErr := map[string]tiering.PartitionError{"t-1": {Time: time.Now().Add(-time.Minute), Err: "ship t-1/x.log: store\n down"}}
+	lastErr := map[string]tiering.PartitionError{"t-1": {Time: time.Now().Add(-time.Minute), Err: "ship t-1/x.log: store\n down", Kept: "hidden by the error"}, "t-0": {Kept: "00000000000000000100.log: not in the store yet"}}
 	if err := status(&out, root, time.Now(), lastErr); err != nil {
 		t.Fatal(err)
 	}
@@ -40,7 +40,7 @@ func TestStatus(t *testing.T) {
 	if f := strings.Fields(lines[1]); f[0] != "t-0" || f[1] != "4" || f[2] != "2" || f[3] != "0" || f[4] != "2" {
 		t.Fatalf("status line %q", lines[1])
 	}
-	if !strings.HasSuffix(lines[1], " -") || !strings.HasSuffix(lines[2], "1m0s ago: ship t-1/x.log: store down") {
+	if !strings.HasSuffix(lines[1], " kept local: 00000000000000000100.log: not in the store yet") || !strings.HasSuffix(lines[2], "1m0s ago: ship t-1/x.log: store down") {
 		t.Fatalf("last error column:\n%s", out.String())
 	}
 	if f := strings.Fields(lines[3]); f[0] != "total" || f[4] != "4" {
