@@ -105,6 +105,7 @@ type Tierer struct {
 	counters Counters
 
 	batchLists map[string][]idx.BatchRef // by object key, as read from the store; GUARDED_BY(mu)
+	isFollower atomic.Bool
 }
 
 // Roles of a mount that tiers a broker's log dir.
@@ -113,7 +114,43 @@ const (
 	RoleFollower = "follower"
 )
 
-func (t *Tierer) follower() bool { return t.cfg.Role == RoleFollower }
+// brokerID is Config.BrokerID, or else the node.id of the log dir's
+// meta.properties once the broker has written it (it does before it
+// writes any segment).
+func (t *Tierer) brokerID() string {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	if t.cfg.BrokerID == "" && t.cfg.Root != "" {
+		t.cfg.BrokerID = brokerID(t.cfg.Root)
+	}
+	return t.cfg.BrokerID
+}
+
+func (t *Tierer) follower() bool { return t.isFollower.Load() }
+
+// SetRole makes the mount a leader or a follower from its next step on
+// (the broker's leadership of its partitions moved). A new leader
+// continues from what the store holds: it uploads only what no broker
+// shipped.
+func (t *Tierer) SetRole(role string) error {
+	switch role {
+	case RoleLeader, RoleFollower:
+	default:
+		return fmt.Errorf("role %q: leader or follower", role)
+	}
+	if t.isFollower.Swap(role == RoleFollower) != (role == RoleFollower) {
+		t.cfg.Log.Info("role changed", "role", role)
+	}
+	return nil
+}
+
+// Role is the mount's role now.
+func (t *Tierer) Role() string {
+	if t.follower() {
+		return RoleFollower
+	}
+	return RoleLeader
+}
 
 // Counters count what the tierer did since it started (for metrics).
 type Counters struct {
@@ -200,6 +237,7 @@ func New(cfg Config) (*Tierer, error) {
 		cfg.Cache = c
 	}
 	t := &Tierer{cfg: cfg, indexes: map[string]*idx.File{}, plocks: map[string]*sync.Mutex{}, lastErr: map[string]PartitionError{}, kept: map[string]string{}, shipping: map[uint64]bool{}, batchLists: map[string][]idx.BatchRef{}, busy: map[string]bool{}, moves: map[uint64]*Move{}, stop: make(chan struct{}), ready: make(chan struct{})}
+	t.isFollower.Store(cfg.Role == RoleFollower)
 	if cfg.Root != "" && cfg.StateDir != "" {
 		t.SetRoot(cfg.Root, cfg.StateDir)
 	}
@@ -210,9 +248,6 @@ func New(cfg Config) (*Tierer, error) {
 // call it once, before RunOnce.
 func (t *Tierer) SetRoot(root, stateDir string) {
 	t.cfg.Root, t.cfg.StateDir = root, stateDir
-	if t.cfg.BrokerID == "" {
-		t.cfg.BrokerID = brokerID(root)
-	}
 	t.up = &chunkxfer.Uploader{Store: t.cfg.Store, JournalDir: filepath.Join(stateDir, "journal"), ChunkSize: t.cfg.ChunkSize, Parallel: 4, Log: t.cfg.Log}
 	if t.cfg.ShipRate > 0 {
 		t.up.Limit = rate.NewLimiter(rate.Limit(t.cfg.ShipRate), int(min(t.cfg.ShipRate, 1<<20)))
@@ -433,9 +468,9 @@ func (t *Tierer) objectKey(seg Segment, st *syscall.Stat_t, suffix string) strin
 
 func (t *Tierer) identityKey(seg Segment, ino uint64, size, mtimeNs int64, suffix string) string {
 	h := fnv.New32a()
-	if t.cfg.BrokerID != "" {
+	if id := t.brokerID(); id != "" {
 		// Brokers share the store: their inode numbers may meet.
-		fmt.Fprintf(h, "broker %s/", t.cfg.BrokerID)
+		fmt.Fprintf(h, "broker %s/", id)
 	}
 	fmt.Fprintf(h, "%d/%d/%d", ino, size, mtimeNs)
 	return fmt.Sprintf("%s/%020d-%08x%s", seg.Partition, seg.Base, h.Sum32(), suffix)

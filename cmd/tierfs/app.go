@@ -57,6 +57,7 @@ func newApp() *cli.App {
 			cmdRepl(),
 			cmdServe(),
 			cmdPull(),
+			cmdRole(),
 		},
 		HideHelpCommand: true,
 	}

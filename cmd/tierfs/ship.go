@@ -22,6 +22,44 @@ import (
 	"github.com/tierfs/tierfs/tiering"
 )
 
+type roleArgs struct {
+	Role string `json:"role"`
+}
+
+func cmdRole() *cli.Command {
+	return &cli.Command{
+		Name:      "role",
+		Usage:     "print or change a mount's role: leader (ships) or follower (maps its segments onto what the leader shipped); for a leader change of the broker",
+		ArgsUsage: "MOUNTPOINT [leader|follower]",
+		Action: func(c *cli.Context) error {
+			if c.NArg() < 1 || c.NArg() > 2 {
+				return &exitError{code: 2, err: errors.New("role takes a mount point and, to change it, leader or follower")}
+			}
+			b, _ := json.Marshal(roleArgs{Role: c.Args().Get(1)})
+			ctx, cancel := context.WithTimeout(c.Context, 10*time.Second)
+			defer cancel()
+			var reply roleArgs
+			var callErr error
+			err := control.Call(ctx, c.Args().First(), control.Request{Op: "role", Args: b}, func(e control.Event) {
+				if e.Error != "" {
+					callErr = errors.New(e.Error)
+				}
+				if e.Status != nil {
+					json.Unmarshal(e.Status, &reply)
+				}
+			})
+			if err == nil {
+				err = callErr
+			}
+			if err != nil {
+				return err
+			}
+			fmt.Fprintln(c.App.Writer, reply.Role)
+			return nil
+		},
+	}
+}
+
 // mountControl answers control requests with the mount's tierer and
 // change manager (either may be nil).
 type mountControl struct {
@@ -79,6 +117,20 @@ func (m mountControl) Call(ctx context.Context, op string, args json.RawMessage)
 			m.t.Undrain()
 		}
 		return struct{}{}, nil
+	case "role":
+		if m.t == nil {
+			return nil, errors.New("this mount has no remote (mount it with --remote)")
+		}
+		var a roleArgs
+		if err := json.Unmarshal(args, &a); err != nil {
+			return nil, err
+		}
+		if a.Role != "" {
+			if err := m.t.SetRole(a.Role); err != nil {
+				return nil, err
+			}
+		}
+		return roleArgs{Role: m.t.Role()}, nil
 	}
 	return cmCall(ctx, m.cm, m.mountpoint, op, args)
 }

@@ -103,19 +103,53 @@ func Defaults() map[string]string {
 
 // Start formats the metadata and log dirs and starts a broker.
 func Start(opts Options) (*Broker, error) {
-	if why := Available(); why != "" {
-		return nil, errors.New(why)
-	}
-	port, err := freePort()
+	brs, err := StartCluster([]Options{opts})
 	if err != nil {
 		return nil, err
 	}
+	return brs[0], nil
+}
+
+// StartCluster starts a cluster of len(opts) brokers, node ids 1.. in
+// order; node 1 is also the (only) controller.
+func StartCluster(opts []Options) ([]*Broker, error) {
+	if why := Available(); why != "" {
+		return nil, errors.New(why)
+	}
+	var id [16]byte
+	rand.Read(id[:])
+	clusterID := base64.RawURLEncoding.EncodeToString(id[:])
 	cport, err := freePort()
 	if err != nil {
 		return nil, err
 	}
+	var out []*Broker
+	for i, o := range opts {
+		br, err := start(o, i+1, cport, clusterID)
+		if err != nil {
+			for _, b := range out {
+				b.Kill()
+			}
+			return nil, err
+		}
+		out = append(out, br)
+	}
+	return out, nil
+}
+
+func start(opts Options, node, cport int, clusterID string) (*Broker, error) {
+	port, err := freePort()
+	if err != nil {
+		return nil, err
+	}
 	props := Defaults()
-	props["listeners"] = fmt.Sprintf("PLAINTEXT://127.0.0.1:%d,CONTROLLER://127.0.0.1:%d", port, cport)
+	props["node.id"] = fmt.Sprint(node)
+	if node == 1 {
+		props["listeners"] = fmt.Sprintf("PLAINTEXT://127.0.0.1:%d,CONTROLLER://127.0.0.1:%d", port, cport)
+	} else {
+		props["process.roles"] = "broker"
+		props["listeners"] = fmt.Sprintf("PLAINTEXT://127.0.0.1:%d", port)
+	}
 	props["advertised.listeners"] = fmt.Sprintf("PLAINTEXT://127.0.0.1:%d", port)
 	props["controller.quorum.voters"] = fmt.Sprintf("1@127.0.0.1:%d", cport)
 	props["log.dirs"] = opts.LogDir
@@ -143,9 +177,7 @@ func Start(opts Options) (*Broker, error) {
 	if err := os.WriteFile(l4j, []byte(log4j), 0o644); err != nil {
 		return nil, err
 	}
-	var id [16]byte
-	rand.Read(id[:])
-	out, err := exec.Command("java", br.jvmArgs("kafka.tools.StorageTool", "format", "-t", base64.RawURLEncoding.EncodeToString(id[:]), "-c", br.cfg)...).CombinedOutput()
+	out, err := exec.Command("java", br.jvmArgs("kafka.tools.StorageTool", "format", "-t", clusterID, "-c", br.cfg)...).CombinedOutput()
 	if err != nil {
 		return nil, fmt.Errorf("format: %v\n%s", err, out)
 	}
