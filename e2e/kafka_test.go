@@ -183,7 +183,13 @@ func logObjects(t *testing.T, url string, env []string, partition string) int {
 	if code != 0 {
 		t.Fatalf("store ls: %s", out)
 	}
-	return strings.Count(out, ".log\n") + strings.Count(out, ".log ")
+	n := 0
+	for _, line := range strings.Split(out, "\n") {
+		if f := strings.Fields(line); len(f) > 0 && strings.HasSuffix(f[len(f)-1], ".log") {
+			n++
+		}
+	}
+	return n
 }
 
 // verifySegments runs tierfs index verify on every .log of a partition

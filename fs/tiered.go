@@ -44,6 +44,10 @@ type Tiering interface {
 	// if it is not remote. Moving is the move of ino under way, or nil.
 	StartMove(rel string, ino uint64) (Mover, error)
 	Moving(ino uint64) Mover
+	// RemoteCopy describes where the bytes of the evicted file open at
+	// path are in the store (JSON), for another mount of the same store
+	// to take it over without them; nil for any other file.
+	RemoteCopy(path string) ([]byte, error)
 }
 
 // Mover is an evicted file being changed while its bytes come back:
@@ -83,6 +87,7 @@ func (e *remoteError) Unwrap() error { return e.err }
 const (
 	xattrState   = "user.tierfs.state"
 	xattrRDI     = "user.tierfs.rdi"
+	xattrRemote  = "user.tierfs.remote"
 	hiddenXattrs = "trusted.tierfs"
 )
 
@@ -356,8 +361,27 @@ func (n *node) wrapTiered(lf *localFile, rel string) (gofs.FileHandle, uint32) {
 // tieringXattr answers user.tierfs.state and user.tierfs.rdi; handled
 // reports whether attr was one of them.
 func (n *node) tieringXattr(fd int, attr string, dest []byte) (uint32, syscall.Errno, bool) {
-	if n.root.tiering == nil || (attr != xattrState && attr != xattrRDI) {
+	if n.root.tiering == nil || (attr != xattrState && attr != xattrRDI && attr != xattrRemote) {
 		return 0, 0, false
+	}
+	if attr == xattrRemote {
+		if n.root.tiering.Moving(n.StableAttr().Ino) != nil {
+			return 0, syscall.ENODATA, true
+		}
+		b, err := n.root.tiering.RemoteCopy(procFd(fd))
+		if err != nil {
+			return 0, toErrno(err), true
+		}
+		if b == nil {
+			return 0, syscall.ENODATA, true
+		}
+		if len(dest) == 0 {
+			return uint32(len(b)), 0, true
+		}
+		if len(dest) < len(b) {
+			return 0, syscall.ERANGE, true
+		}
+		return uint32(copy(dest, b)), 0, true
 	}
 	st, rdi, err := n.root.tiering.State(procFd(fd))
 	if err != nil {

@@ -41,6 +41,12 @@ type Client struct {
 	Dial func(ctx context.Context, addr string) (net.Conn, error)
 	// Progress, when set, is told of every chunk confirmed.
 	Progress func(path string, done, size int64)
+	// TakeOver, when set, is offered every file the server's tierfs
+	// mount has evicted (Entry.Remote), with its local path under the
+	// pull's directory; it returns true if it made the file without its
+	// bytes (a tierfs mount of the same store referencing them), false to
+	// have the bytes pulled.
+	TakeOver func(ctx context.Context, rel string, e Entry) (bool, error)
 
 	conn   net.Conn
 	r      *bufio.Reader
@@ -58,8 +64,10 @@ type Stats struct {
 	Kept                  int64 // bytes already here (a resumed pull): checked, not sent
 	Resent                int   // passes over files that changed while sent
 	// Evicted counts the files that were in the server's store (its
-	// tierfs mount read them from there to send them).
+	// tierfs mount read them from there to send them, or TakeOver took
+	// them over without their bytes: TakenOver).
 	Evicted    int
+	TakenOver  int
 	Reconnects int
 }
 
@@ -257,7 +265,19 @@ func (c *Client) Pull(ctx context.Context, p, dir string) (Stats, error) {
 			}
 			c.stats.Symlinks++
 		case KindFile:
-			if err := c.pullFile(ctx, dfd, rel, e); err != nil {
+			took := false
+			if c.TakeOver != nil && e.Remote != nil {
+				if took, err = c.TakeOver(ctx, rel, e); err != nil {
+					return c.stats, fmt.Errorf("take over %s: %w", rel, err)
+				}
+			}
+			if took {
+				c.stats.TakenOver++
+				if pfd, base, err := parentBeneath(dfd, rel); err == nil {
+					unix.Unlinkat(pfd, base+PartSuffix, 0) // of an earlier pull of its bytes
+					unix.Close(pfd)
+				}
+			} else if err := c.pullFile(ctx, dfd, rel, e); err != nil {
 				return c.stats, err
 			}
 			c.stats.Files++

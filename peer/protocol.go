@@ -64,6 +64,10 @@ type Entry struct {
 	// State is the tierfs state of a file served from a tierfs mount
 	// ("remote": its bytes are in the store).
 	State string `json:"state,omitempty"`
+	// Remote is where an evicted file's bytes are in the server's store
+	// (user.tierfs.remote), so that a client on a mount of the same
+	// store can take the file over without its bytes.
+	Remote json.RawMessage `json:"remote,omitempty"`
 	// End and Error close a listing.
 	End   bool   `json:"end,omitempty"`
 	Error string `json:"error,omitempty"`

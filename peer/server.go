@@ -1,6 +1,7 @@
 package peer
 
 import (
+	"encoding/json"
 	"bufio"
 	"context"
 	"crypto/tls"
@@ -234,6 +235,9 @@ func (s *Server) entry(p string, st *unix.Stat_t) (Entry, error) {
 	case unix.S_IFREG:
 		e.Kind, e.Size, e.Version = KindFile, st.Size, version(st)
 		e.State = xattr(filepath.Join(s.Root, p), "user.tierfs.state")
+		if e.State == "remote" {
+			e.Remote = remoteCopy(filepath.Join(s.Root, p))
+		}
 	case unix.S_IFLNK:
 		e.Kind = KindSymlink
 		buf := make([]byte, 4096)
@@ -250,6 +254,21 @@ func (s *Server) entry(p string, st *unix.Stat_t) (Entry, error) {
 		e.Target = string(buf[:n])
 	}
 	return e, nil
+}
+
+// remoteCopy is a tierfs file's user.tierfs.remote, or nil (none, or too
+// long for a listing line).
+func remoteCopy(p string) json.RawMessage {
+	n, err := unix.Lgetxattr(p, "user.tierfs.remote", nil)
+	if err != nil || n <= 0 || n > maxLine/2 {
+		return nil
+	}
+	buf := make([]byte, n)
+	n, err = unix.Lgetxattr(p, "user.tierfs.remote", buf)
+	if err != nil || !json.Valid(buf[:n]) {
+		return nil
+	}
+	return buf[:n]
 }
 
 func xattr(p, name string) string {

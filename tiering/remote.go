@@ -77,6 +77,7 @@ func (t *Tierer) OpenRemote(path string) (RemoteReader, error) {
 }
 
 var _ interface {
+	RemoteCopy(string) ([]byte, error)
 	Tiered(string) bool
 	RLock(uint64) func()
 	State(string) (string, string, error)

@@ -229,8 +229,8 @@ func refKey(key, holder string) string { return refPrefix(key) + holder }
 func deletingKey(key string) string    { return key + ".deleting" }
 func isRefKey(key string) bool         { return strings.Contains(key, ".refs/") }
 func refHolder(ref string) string      { _, h, _ := strings.Cut(ref, ".refs/"); return h }
-func holderOf(key string) string       { return path.Base(key) }
-func ownedBy(key, holder string) bool  { return path.Base(key) == holder }
+func holderOf(key string) string       { return strings.TrimSuffix(path.Base(key), ".log") }
+func ownedBy(key, holder string) bool  { return holderOf(key) == holder }
 
 // refsOf are the references holder takes on keys (none on its own).
 func refsOf(keys []string, holder string) []string {

@@ -2,6 +2,7 @@ package tiering
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"os"
@@ -361,5 +362,68 @@ func TestTwoLeadersRace(t *testing.T) {
 		if local, _, _ := checkReplica(t, c.tr, c.r); local != 1 {
 			t.Errorf("broker %s: %d segments local", c.r.id, local)
 		}
+	}
+}
+
+// TestAdoptRemote: an evicted file of one mount is taken over by another
+// of the same store without its bytes; a description from another store,
+// or of an object that changed, is refused.
+func TestAdoptRemote(t *testing.T) {
+	s := store.NewMem(nil)
+	var stream [][]byte
+	var offs []int64
+	var off int64
+	for range 30 {
+		stream, offs = append(stream, kafkatest.Encode(kafkatest.Batch{Base: off, Records: 4, ValueSize: 3000, TS: 1000 + off, Epoch: 1})), append(offs, off)
+		off += 4
+	}
+	b1 := newReplica(t, "1", stream, offs, 10)
+	b1.grow(t, 30)
+	t1 := shareTierer(t, b1, s, RoleLeader)
+	t1.cfg.StoreID = "mem://one"
+	mustPass(t, t1)
+	src := b1.segPath(b1.bases[0])
+	desc, err := t1.RemoteCopy(src)
+	if err != nil || desc == nil {
+		t.Fatalf("remote copy: %s %v", desc, err)
+	}
+	if d, _ := t1.RemoteCopy(b1.segPath(b1.bases[2])); d != nil {
+		t.Fatal("the active segment has a remote copy")
+	}
+	b2 := newReplica(t, "2", stream, offs, 10)
+	os.MkdirAll(filepath.Join(b2.root, "orders-0"), 0o755)
+	t2 := shareTierer(t, b2, s, RoleLeader)
+	rel := "orders-0/" + filepath.Base(src)
+	t2.cfg.StoreID = "mem://two"
+	if _, err := t2.AdoptRemote(context.Background(), rel, desc, 0o644); !errors.Is(err, ErrOtherStore) {
+		t.Fatalf("another store's file: %v", err)
+	}
+	t2.cfg.StoreID = "mem://one"
+	tmp, err := t2.AdoptRemote(context.Background(), rel, desc, 0o644)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Rename(filepath.Join(b2.root, tmp), filepath.Join(b2.root, rel)); err != nil {
+		t.Fatal(err)
+	}
+	got := readAll(t, t2, filepath.Join(b2.root, rel))
+	want := readAll(t, t1, src)
+	if sha(got) != sha(want) {
+		t.Fatal("the taken-over file does not read back")
+	}
+	if fi, _ := os.Stat(filepath.Join(b2.root, rel)); fi.Sys().(*syscall.Stat_t).Blocks > 16 {
+		t.Fatalf("the taken-over file holds %d blocks", fi.Sys().(*syscall.Stat_t).Blocks)
+	}
+	rec, _, _ := readRecord(src)
+	if refs := objects(t, s, rec.Key+".refs/"); len(refs) != 1 {
+		t.Fatalf("references: %v", refs)
+	}
+	// A description whose object changed since is refused.
+	var rc RemoteCopy
+	json.Unmarshal(desc, &rc)
+	rc.Extents[0].ETag = "stale"
+	stale, _ := json.Marshal(rc)
+	if _, err := t2.AdoptRemote(context.Background(), "orders-0/"+kafkaName(999, ".log"), stale, 0o644); err == nil {
+		t.Fatal("a stale description was taken over")
 	}
 }

@@ -69,8 +69,11 @@ type Config struct {
 	// BrokerID names this mount among the brokers that share the store;
 	// empty: the node.id in the log dir's meta.properties, if any.
 	BrokerID string
-	Log      *slog.Logger
-	Now      func() time.Time
+	// StoreID names the store (its URL, without credentials): two mounts
+	// with the same StoreID hand evicted files over by reference.
+	StoreID string
+	Log     *slog.Logger
+	Now     func() time.Time
 }
 
 // Tierer ships and evicts the segments of one log directory.

@@ -3,6 +3,7 @@ package main
 import (
 	"github.com/tierfs/tierfs/control"
 	"github.com/tierfs/tierfs/internal/units"
+	"strings"
 
 	"context"
 	"errors"
@@ -145,6 +146,7 @@ func runMount(c *cli.Context) error {
 			Cache:                    cache,
 			BeforeFree:               beforeFree(changes),
 			Role:                     c.String("role"),
+			StoreID:                  storeID(url),
 			BrokerID:                 c.String("broker-id"),
 			Log:                      log,
 		})
@@ -269,6 +271,20 @@ func runMount(c *cli.Context) error {
 
 // redactURL prints a store URL for logs (it carries no secret, but a
 // user may have put one in it against advice).
+// storeID names the store a URL points at (scheme, bucket or path,
+// prefix, endpoint), with no credentials: mounts of one store agree on it.
+func storeID(raw string) string {
+	u, err := url.Parse(raw)
+	if err != nil {
+		return ""
+	}
+	id := u.Scheme + "://" + u.Host + strings.TrimSuffix(u.Path, "/")
+	if ep := u.Query().Get("endpoint"); ep != "" {
+		id += "?endpoint=" + ep
+	}
+	return id
+}
+
 func redactURL(raw string) string {
 	u, err := url.Parse(raw)
 	if err != nil {

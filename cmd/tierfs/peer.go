@@ -2,16 +2,20 @@ package main
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
+	"log/slog"
 	"net"
 	"os"
 	"os/signal"
+	"path/filepath"
 	"syscall"
 	"time"
 
 	"github.com/urfave/cli/v2"
 
+	"github.com/tierfs/tierfs/control"
 	"github.com/tierfs/tierfs/internal/units"
 	"github.com/tierfs/tierfs/peer"
 )
@@ -128,16 +132,55 @@ func cmdPull() *cli.Command {
 			}
 			ctx, stop := signal.NotifyContext(c.Context, syscall.SIGINT, syscall.SIGTERM)
 			defer stop()
+			if mp, base, err := control.FindMount(dir); err == nil {
+				// Into a tierfs mount: evicted files of a mount of the
+				// same store come over as references, not bytes.
+				cl.TakeOver = takeOver(log, mp, base)
+			}
 			t0 := time.Now()
 			st, err := cl.Pull(ctx, remote, dir)
 			d := time.Since(t0)
-			fmt.Fprintf(c.App.Writer, "%d files, %d dirs, %d symlinks, %s in %s (%.0f MB/s); received %s, already here %s; %d files sent again as they changed; %d reconnects\n",
+			fmt.Fprintf(c.App.Writer, "%d files, %d dirs, %d symlinks, %s in %s (%.0f MB/s); received %s, already here %s; %d evicted files taken over from the store; %d files sent again as they changed; %d reconnects\n",
 				st.Files, st.Dirs, st.Symlinks, units.FormatSize(st.Bytes), d.Round(time.Millisecond), float64(st.Bytes)/1e6/max(d.Seconds(), 1e-6),
-				units.FormatSize(st.Received), units.FormatSize(st.Kept), st.Resent, st.Reconnects)
+				units.FormatSize(st.Received), units.FormatSize(st.Kept), st.TakenOver, st.Resent, st.Reconnects)
 			if err != nil && errors.Is(err, context.Canceled) {
 				return fmt.Errorf("interrupted; pull again to resume: %w", err)
 			}
 			return err
 		},
+	}
+}
+
+// takeOver asks the tierfs mount at mp (the pull's directory is base
+// under it) to make each evicted file of the server an evicted file of
+// its own, and renames it into place through the mount.
+func takeOver(log *slog.Logger, mp, base string) func(ctx context.Context, rel string, e peer.Entry) (bool, error) {
+	return func(ctx context.Context, rel string, e peer.Entry) (bool, error) {
+		target := filepath.Join(base, rel)
+		args, _ := json.Marshal(adoptArgs{Rel: target, Remote: e.Remote, Mode: e.Mode})
+		var reply adoptReply
+		var callErr error
+		err := control.Call(ctx, mp, control.Request{Op: "adopt", Args: args}, func(ev control.Event) {
+			if ev.Error != "" {
+				callErr = errors.New(ev.Error)
+			}
+			if ev.Status != nil {
+				json.Unmarshal(ev.Status, &reply)
+			}
+		})
+		if err == nil {
+			err = callErr
+		}
+		if err != nil {
+			return false, err
+		}
+		if reply.Tmp == "" {
+			log.Info("pulling the bytes of an evicted file", "file", rel, "why", reply.Fallback)
+			return false, nil
+		}
+		if err := os.Rename(filepath.Join(mp, reply.Tmp), filepath.Join(mp, target)); err != nil {
+			return false, err
+		}
+		return true, nil
 	}
 }

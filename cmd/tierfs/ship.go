@@ -22,6 +22,21 @@ import (
 	"github.com/tierfs/tierfs/tiering"
 )
 
+// adoptArgs ask a mount to take over an evicted file of another mount of
+// its store (tierfs pull): Rel its path from the mount root.
+type adoptArgs struct {
+	Rel    string          `json:"rel"`
+	Remote json.RawMessage `json:"remote"`
+	Mode   uint32          `json:"mode"`
+}
+
+// adoptReply is the temporary name the file was made under (to rename
+// through the mount), or why its bytes must be pulled instead.
+type adoptReply struct {
+	Tmp      string `json:"tmp,omitempty"`
+	Fallback string `json:"fallback,omitempty"`
+}
+
 type roleArgs struct {
 	Role string `json:"role"`
 }
@@ -117,6 +132,22 @@ func (m mountControl) Call(ctx context.Context, op string, args json.RawMessage)
 			m.t.Undrain()
 		}
 		return struct{}{}, nil
+	case "adopt":
+		if m.t == nil {
+			return nil, errors.New("this mount has no remote (mount it with --remote)")
+		}
+		var a adoptArgs
+		if err := json.Unmarshal(args, &a); err != nil {
+			return nil, err
+		}
+		tmp, err := m.t.AdoptRemote(ctx, a.Rel, a.Remote, a.Mode)
+		if errors.Is(err, tiering.ErrOtherStore) {
+			return adoptReply{Fallback: err.Error()}, nil
+		}
+		if err != nil {
+			return nil, err
+		}
+		return adoptReply{Tmp: tmp}, nil
 	case "role":
 		if m.t == nil {
 			return nil, errors.New("this mount has no remote (mount it with --remote)")
