@@ -261,6 +261,28 @@ func TestFollowerMount(t *testing.T) {
 			}
 			t.Logf("REPORT %s after the leader change: store %d bytes of segments; the two brokers' segments %d bytes (%.2f×); local segment bytes: broker 1 %d, broker 2 %d",
 				r.name, stored, both, float64(stored)/float64(both), allocated(t, bk1), allocated(t, bk2))
+			// A reader mount of the store shows one log dir of both
+			// brokers' objects: in offset order they are the stream up to
+			// what was shipped, each batch once.
+			_, _, rm := mountDirs(t)
+			reader := startMount(t, r.env, "--role", "reader", "--remote", r.url, rm)
+			logs, _ := filepath.Glob(filepath.Join(rm, "orders-0", "*.log"))
+			h := sha256.New()
+			for _, p := range logs { // names sort by base offset
+				b, err := os.ReadFile(p)
+				if err != nil {
+					t.Fatal(err)
+				}
+				h.Write(b)
+			}
+			w := sha256.New()
+			for _, b := range stream[:114] {
+				w.Write(b)
+			}
+			if string(h.Sum(nil)) != string(w.Sum(nil)) {
+				t.Errorf("the reader's %d segments are not the stream's batches 0..113", len(logs))
+			}
+			reader.stop(t)
 			for _, m := range []*mount{l2, f1} {
 				if strings.Contains(m.Log(), "level=ERROR") {
 					t.Errorf("errors logged:\n%s", m.Log())

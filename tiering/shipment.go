@@ -17,6 +17,7 @@ import (
 	"github.com/tierfs/tierfs/chunkxfer"
 	"github.com/tierfs/tierfs/chunkxfer/store"
 	"github.com/tierfs/tierfs/idx"
+	"github.com/tierfs/tierfs/idx/kafka"
 )
 
 // A Shipment is the catalog entry of one shipped version of a segment:
@@ -243,7 +244,10 @@ func (t *Tierer) deleteShipment(ctx context.Context, s Shipment, baseInUse bool)
 	if err == nil && n > 0 {
 		err = t.putIndex(ctx, s.Partition, f)
 	}
-	legacy := !slices.ContainsFunc(s.Objects, func(k string) bool { return strings.HasSuffix(k, ".rindex") })
+	// A shipment of a tierfs that named the store's remote indexes by
+	// base offset alone: it has a .log object but no .rindex.
+	legacy := slices.ContainsFunc(s.Objects, func(k string) bool { return strings.HasSuffix(k, kafka.KindLog) }) &&
+		!slices.ContainsFunc(s.Objects, func(k string) bool { return strings.HasSuffix(k, ".rindex") })
 	if err == nil && !baseInUse {
 		// No other version of the segment is shipped: its local remote
 		// indexes go (and, from a tierfs that named them by base offset
