@@ -128,6 +128,9 @@ func TestKafkaFollower(t *testing.T) {
 	var indexed int64
 	last := int64(-1)
 	for _, e := range x.All() {
+		if last >= 0 && e.FirstOffset != last+1 {
+			t.Errorf("the store's index has a gap: offsets %d..%d missing", last+1, e.FirstOffset-1)
+		}
 		indexed += int64(e.DataLength)
 		last = e.LastOffset
 	}

@@ -110,6 +110,9 @@ func (t *Tierer) cover(ctx context.Context, seg Segment, f *idx.File, keyAt func
 	if err != nil {
 		return cov, nil, err
 	}
+	if len(batches) == 0 {
+		return cov, nil, nil // empty (the cleaner can leave such): nothing to map
+	}
 	containing := func(o int64) (idx.Entry, bool) {
 		i := sort.Search(len(ents), func(i int) bool { return ents[i].LastOffset >= o })
 		if i < len(ents) && ents[i].FirstOffset <= o && !ents[i].Opaque() {

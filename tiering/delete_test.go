@@ -280,3 +280,33 @@ func TestRewrittenSegment(t *testing.T) {
 }
 
 func sha(b []byte) [32]byte { return sha256.Sum256(b) }
+
+// TestRewrittenSegmentEmpty: the cleaner can leave an empty segment in
+// place of a shipped one. It holds no offsets, so nothing in the store
+// conflicts with it and nothing maps it: it ships as an empty object of
+// its own (no index entries) and is evicted like any other.
+func TestRewrittenSegmentEmpty(t *testing.T) {
+	root, bases, _ := logDir(t)
+	s := store.NewMem(nil)
+	tr := newTierer(t, root, s, 1)
+	mustPass(t, tr)
+	seg := filepath.Join(root, "orders-0", kafkaName(bases["orders-0"][1], ".log"))
+	os.Rename(seg, seg+".deleted")
+	if err := os.WriteFile(seg, nil, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	past := time.Now().Add(-time.Hour)
+	os.Chtimes(seg, past, past)
+	mustPass(t, tr)
+	rec, has, _ := readRecord(seg)
+	if !has || rec.State != StateRemote || rec.Manifest == "" || len(rec.Extents) != 0 || rec.Size != 0 {
+		t.Fatalf("record of the empty segment: %+v %v", rec, has)
+	}
+	os.Remove(seg + ".deleted")
+	if rep := mustPass(t, tr); rep.Deleted != 1 {
+		t.Fatalf("the old version's copy: %+v", rep)
+	}
+	if got := readAll(t, tr, seg); len(got) != 0 {
+		t.Fatalf("the empty segment reads %d bytes", len(got))
+	}
+}

@@ -568,7 +568,7 @@ func (t *Tierer) ship(ctx context.Context, seg Segment, progress chunkxfer.Progr
 		return err
 	}
 	switch {
-	case cov.Next < 0:
+	case cov.Next < 0 && len(cov.Extents) > 0:
 		return t.adopt(ctx, seg, &st, key, cov)
 	case cov.Why != "":
 		return &WaitError{Why: cov.Why}
@@ -1080,7 +1080,9 @@ func (t *Tierer) finishEvict(seg Segment, rec Record) (bool, error) {
 	if st.Ino != rec.Ino || st.Size != rec.Size {
 		return false, fmt.Errorf("%s is marked remote but is another file now (inode %d, %d bytes; recorded %d, %d bytes)", seg.Path, st.Ino, st.Size, rec.Ino, rec.Size)
 	}
-	if err := unix.Fallocate(int(f.Fd()), unix.FALLOC_FL_PUNCH_HOLE|unix.FALLOC_FL_KEEP_SIZE, 0, st.Size); err != nil {
+	if st.Size == 0 {
+		// Nothing to free (the cleaner can leave empty segments).
+	} else if err := unix.Fallocate(int(f.Fd()), unix.FALLOC_FL_PUNCH_HOLE|unix.FALLOC_FL_KEEP_SIZE, 0, st.Size); err != nil {
 		return false, fmt.Errorf("free %s: %w", seg.Path, err)
 	}
 	mt := unix.NsecToTimespec(rec.MtimeNs)
