@@ -1,10 +1,10 @@
 package peer
 
 import (
-	"encoding/json"
 	"bufio"
 	"context"
 	"crypto/tls"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"hash/crc32"
