@@ -206,14 +206,7 @@ func TestFollowerMount(t *testing.T) {
 			if stored != prefix[70] {
 				t.Errorf("store holds %d bytes of segments, want %d (batches 0..69 once)", stored, prefix[70])
 			}
-			var both int64
-			for _, bk := range []string{bk1, bk2} {
-				logs, _ := filepath.Glob(filepath.Join(bk, "orders-0", "*.log"))
-				for _, p := range logs {
-					fi, _ := os.Stat(p)
-					both += fi.Size()
-				}
-			}
+			both := logBytesIn(t, filepath.Join(bk1, "orders-0")) + logBytesIn(t, filepath.Join(bk2, "orders-0"))
 			t.Logf("REPORT %s phase 1: store %d bytes of segments; the two brokers' segments %d bytes (%.2f×); follower's local segment bytes %d → %d",
 				r.name, stored, both, float64(stored)/float64(both), before, after)
 
@@ -251,14 +244,7 @@ func TestFollowerMount(t *testing.T) {
 			if len(rec.Extents) != 2 || rec.Extents[1].Pos != prefix[70]-prefix[66] {
 				t.Errorf("extents of the segment across the leader change: %+v", rec.Extents)
 			}
-			both = 0
-			for _, bk := range []string{bk1, bk2} {
-				logs, _ := filepath.Glob(filepath.Join(bk, "orders-0", "*.log"))
-				for _, p := range logs {
-					fi, _ := os.Stat(p)
-					both += fi.Size()
-				}
-			}
+			both = logBytesIn(t, filepath.Join(bk1, "orders-0")) + logBytesIn(t, filepath.Join(bk2, "orders-0"))
 			t.Logf("REPORT %s after the leader change: store %d bytes of segments; the two brokers' segments %d bytes (%.2f×); local segment bytes: broker 1 %d, broker 2 %d",
 				r.name, stored, both, float64(stored)/float64(both), allocated(t, bk1), allocated(t, bk2))
 			// A reader mount of the store shows one log dir of both

@@ -177,18 +177,7 @@ func (d *Dir) install(tmp, key, p string) (ObjectInfo, error) {
 }
 
 func (d *Dir) Put(ctx context.Context, key string, body io.ReadSeeker, size int64) (ObjectInfo, error) {
-	p, err := d.path(key)
-	if err != nil {
-		return ObjectInfo{}, err
-	}
-	if _, err := body.Seek(0, io.SeekStart); err != nil {
-		return ObjectInfo{}, err
-	}
-	tmp, err := d.writeTemp(body, size)
-	if err != nil {
-		return ObjectInfo{}, fmt.Errorf("put %s: %w", key, err)
-	}
-	return d.install(tmp, key, p)
+	return d.put(key, body, size, nil)
 }
 
 // PutIf checks the condition and renames the new object into place under
@@ -196,11 +185,15 @@ func (d *Dir) Put(ctx context.Context, key string, body io.ReadSeeker, size int6
 // process takes (plain Puts do not: keys written conditionally must only
 // be written with PutIf).
 func (d *Dir) PutIf(ctx context.Context, key string, body io.ReadSeeker, size int64, cond PutCond) (ObjectInfo, error) {
-	p, err := d.path(key)
-	if err != nil {
+	if err := cond.check(key); err != nil {
 		return ObjectInfo{}, err
 	}
-	if err := cond.check(key); err != nil {
+	return d.put(key, body, size, &cond)
+}
+
+func (d *Dir) put(key string, body io.ReadSeeker, size int64, cond *PutCond) (ObjectInfo, error) {
+	p, err := d.path(key)
+	if err != nil {
 		return ObjectInfo{}, err
 	}
 	if _, err := body.Seek(0, io.SeekStart); err != nil {
@@ -210,27 +203,42 @@ func (d *Dir) PutIf(ctx context.Context, key string, body io.ReadSeeker, size in
 	if err != nil {
 		return ObjectInfo{}, fmt.Errorf("put %s: %w", key, err)
 	}
-	lk, err := os.OpenFile(filepath.Join(d.root, dirReserved, "putif.lock"), os.O_RDWR|os.O_CREATE, 0o600)
-	if err != nil {
-		os.Remove(tmp)
-		return ObjectInfo{}, fmt.Errorf("put %s: %w", key, err)
-	}
-	defer lk.Close()
-	if err := syscall.Flock(int(lk.Fd()), syscall.LOCK_EX); err != nil {
-		os.Remove(tmp)
-		return ObjectInfo{}, fmt.Errorf("put %s: %w", key, err)
-	}
-	fi, err := os.Stat(p)
-	exists := err == nil
-	if err != nil && !errors.Is(err, fs.ErrNotExist) && !errors.Is(err, syscall.ENOTDIR) {
-		os.Remove(tmp)
-		return ObjectInfo{}, fmt.Errorf("put %s: %w", key, err)
-	}
-	if cond.IfNoneMatch && exists || cond.IfMatch != "" && (!exists || dirETag(fi) != cond.IfMatch) {
-		os.Remove(tmp)
-		return ObjectInfo{}, fmt.Errorf("put %s: %w", key, ErrPrecondition)
+	if cond != nil {
+		unlock, err := d.checkCond(key, p, *cond)
+		if err != nil {
+			os.Remove(tmp)
+			return ObjectInfo{}, err
+		}
+		defer unlock()
 	}
 	return d.install(tmp, key, p)
+}
+
+// checkCond takes the PutIf lock and checks cond against the object at
+// p; the lock is held until unlock.
+func (d *Dir) checkCond(key, p string, cond PutCond) (unlock func(), err error) {
+	lk, err := os.OpenFile(filepath.Join(d.root, dirReserved, "putif.lock"), os.O_RDWR|os.O_CREATE, 0o600)
+	if err != nil {
+		return nil, fmt.Errorf("put %s: %w", key, err)
+	}
+	if err := syscall.Flock(int(lk.Fd()), syscall.LOCK_EX); err != nil {
+		lk.Close()
+		return nil, fmt.Errorf("put %s: %w", key, err)
+	}
+	fi, err := os.Stat(p)
+	if err != nil && !errors.Is(err, fs.ErrNotExist) && !errors.Is(err, syscall.ENOTDIR) {
+		lk.Close()
+		return nil, fmt.Errorf("put %s: %w", key, err)
+	}
+	etag := ""
+	if err == nil {
+		etag = dirETag(fi)
+	}
+	if !cond.holds(err == nil, etag) {
+		lk.Close()
+		return nil, fmt.Errorf("put %s: %w", key, ErrPrecondition)
+	}
+	return func() { lk.Close() }, nil
 }
 
 func (d *Dir) Delete(ctx context.Context, key string) error {

@@ -221,29 +221,20 @@ func readBody(f *Fault, body io.ReadSeeker, size int64) ([]byte, error) {
 }
 
 func (m *Mem) Put(ctx context.Context, key string, body io.ReadSeeker, size int64) (ObjectInfo, error) {
-	if err := CheckKey(key); err != nil {
-		return ObjectInfo{}, err
-	}
-	f, err := m.fault(ctx, OpPut, key)
-	if err != nil {
-		return ObjectInfo{}, err
-	}
-	data, err := readBody(f, body, size)
-	if err != nil {
-		return ObjectInfo{}, fmt.Errorf("put %s: %w", key, err)
-	}
-	o := memObject{data: data, etag: memETag(data), mod: m.now()}
-	m.mu.Lock()
-	m.objects[key] = o
-	m.mu.Unlock()
-	return ObjectInfo{Key: key, Size: size, ETag: o.etag, ModTime: o.mod}, nil
+	return m.put(ctx, key, body, size, nil)
 }
 
 func (m *Mem) PutIf(ctx context.Context, key string, body io.ReadSeeker, size int64, cond PutCond) (ObjectInfo, error) {
-	if err := CheckKey(key); err != nil {
+	if err := cond.check(key); err != nil {
 		return ObjectInfo{}, err
 	}
-	if err := cond.check(key); err != nil {
+	return m.put(ctx, key, body, size, &cond)
+}
+
+// put stores the object, on cond when it is set (checked under the lock
+// that the write takes).
+func (m *Mem) put(ctx context.Context, key string, body io.ReadSeeker, size int64, cond *PutCond) (ObjectInfo, error) {
+	if err := CheckKey(key); err != nil {
 		return ObjectInfo{}, err
 	}
 	f, err := m.fault(ctx, OpPut, key)
@@ -257,8 +248,7 @@ func (m *Mem) PutIf(ctx context.Context, key string, body io.ReadSeeker, size in
 	o := memObject{data: data, etag: memETag(data), mod: m.now()}
 	m.mu.Lock()
 	defer m.mu.Unlock()
-	old, exists := m.objects[key]
-	if cond.IfNoneMatch && exists || cond.IfMatch != "" && (!exists || old.etag != cond.IfMatch) {
+	if old, exists := m.objects[key]; cond != nil && !cond.holds(exists, old.etag) {
 		return ObjectInfo{}, fmt.Errorf("put %s: %w", key, ErrPrecondition)
 	}
 	m.objects[key] = o

@@ -72,6 +72,15 @@ func (c PutCond) check(key string) error {
 	return nil
 }
 
+// holds says whether the condition holds for an object that exists (or
+// not) with an ETag.
+func (c PutCond) holds(exists bool, etag string) bool {
+	if c.IfNoneMatch {
+		return !exists
+	}
+	return exists && etag == c.IfMatch
+}
+
 // ObjectInfo describes a stored object.
 type ObjectInfo struct {
 	Key     string

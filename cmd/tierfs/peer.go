@@ -2,7 +2,6 @@ package main
 
 import (
 	"context"
-	"encoding/json"
 	"errors"
 	"fmt"
 	"log/slog"
@@ -157,21 +156,8 @@ func cmdPull() *cli.Command {
 func takeOver(log *slog.Logger, mp, base string) func(ctx context.Context, rel string, e peer.Entry) (bool, error) {
 	return func(ctx context.Context, rel string, e peer.Entry) (bool, error) {
 		target := filepath.Join(base, rel)
-		args, _ := json.Marshal(adoptArgs{Rel: target, Remote: e.Remote, Mode: e.Mode})
 		var reply adoptReply
-		var callErr error
-		err := control.Call(ctx, mp, control.Request{Op: "adopt", Args: args}, func(ev control.Event) {
-			if ev.Error != "" {
-				callErr = errors.New(ev.Error)
-			}
-			if ev.Status != nil {
-				json.Unmarshal(ev.Status, &reply)
-			}
-		})
-		if err == nil {
-			err = callErr
-		}
-		if err != nil {
+		if _, err := callMount(ctx, mp, "adopt", adoptArgs{Rel: target, Remote: e.Remote, Mode: e.Mode}, &reply); err != nil {
 			return false, err
 		}
 		if reply.Tmp == "" {

@@ -50,23 +50,10 @@ func cmdRole() *cli.Command {
 			if c.NArg() < 1 || c.NArg() > 2 {
 				return &exitError{code: 2, err: errors.New("role takes a mount point and, to change it, leader or follower")}
 			}
-			b, _ := json.Marshal(roleArgs{Role: c.Args().Get(1)})
 			ctx, cancel := context.WithTimeout(c.Context, 10*time.Second)
 			defer cancel()
 			var reply roleArgs
-			var callErr error
-			err := control.Call(ctx, c.Args().First(), control.Request{Op: "role", Args: b}, func(e control.Event) {
-				if e.Error != "" {
-					callErr = errors.New(e.Error)
-				}
-				if e.Status != nil {
-					json.Unmarshal(e.Status, &reply)
-				}
-			})
-			if err == nil {
-				err = callErr
-			}
-			if err != nil {
+			if _, err := callMount(ctx, c.Args().First(), "role", roleArgs{Role: c.Args().Get(1)}, &reply); err != nil {
 				return err
 			}
 			fmt.Fprintln(c.App.Writer, reply.Role)
