@@ -229,6 +229,7 @@ func refKey(key, holder string) string { return refPrefix(key) + holder }
 func deletingKey(key string) string    { return key + ".deleting" }
 func isRefKey(key string) bool         { return strings.Contains(key, ".refs/") }
 func refHolder(ref string) string      { _, h, _ := strings.Cut(ref, ".refs/"); return h }
+func refTarget(ref string) string      { k, _, _ := strings.Cut(ref, ".refs/"); return k }
 func holderOf(key string) string       { return strings.TrimSuffix(path.Base(key), ".log") }
 func ownedBy(key, holder string) bool  { return holderOf(key) == holder }
 

@@ -293,6 +293,9 @@ func testBrokersShareTheStore(t *testing.T, s store.Store) {
 		t.Fatalf("references to %s: %v", rec1.Key, refs)
 	}
 	checkReplica(t, t2, b2)
+	if _, err := os.Stat(filepath.Join(b2.root, ".tierfs", manifestRel(rec1.Key))); err != nil {
+		t.Fatalf("broker 2 has no copy of the manifest of %s it reads from: %v", rec1.Key, err)
+	}
 	// The others delete theirs (broker 2 the first two: its second also
 	// reads from it); then the object goes at broker 1's next pass.
 	os.Remove(b2.segPath(b2.bases[0]))
@@ -302,6 +305,11 @@ func testBrokersShareTheStore(t *testing.T, s store.Store) {
 	mustPass(t, t3)
 	if refs := objects(t, s, rec1.Key+".refs/"); len(refs) != 0 {
 		t.Fatalf("references left: %v", refs)
+	}
+	for _, r := range []*replica{b2, b3} {
+		if _, err := os.Stat(filepath.Join(r.root, ".tierfs", manifestRel(rec1.Key))); !os.IsNotExist(err) {
+			t.Errorf("broker %s keeps its copy of the manifest of %s: %v", r.id, rec1.Key, err)
+		}
 	}
 	mustPass(t, t1)
 	if left := objects(t, s, strings.TrimSuffix(rec1.Key, ".log")); len(left) != 0 {

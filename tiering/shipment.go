@@ -286,11 +286,13 @@ func (t *Tierer) deleteShipment(ctx context.Context, s Shipment, baseInUse bool)
 			return err
 		}
 	}
+	var dropped []string
 	for _, k := range s.Objects {
 		if isRefKey(k) {
 			if err := deleteObject(ctx, t.cfg.Store, k); err != nil {
 				return err
 			}
+			dropped = append(dropped, refTarget(k))
 		}
 	}
 	if s.Manifest != "" {
@@ -300,6 +302,26 @@ func (t *Tierer) deleteShipment(ctx context.Context, s Shipment, baseInUse bool)
 	}
 	if err := os.Remove(shipmentPath(t.cfg.StateDir, s.Partition, s.Key)); err != nil && !os.IsNotExist(err) {
 		return err
+	}
+	// The local copies of other brokers' manifests that no file here
+	// reads from any more.
+	if len(dropped) > 0 {
+		still := map[string]bool{}
+		others, _ := filepath.Glob(filepath.Join(t.cfg.StateDir, "shipments", s.Partition, "*.json"))
+		for _, p := range others {
+			if o, err := loadShipment(t.cfg.StateDir, s.Partition, strings.TrimSuffix(filepath.Base(p), ".json")); err == nil {
+				for _, k := range o.Objects {
+					if isRefKey(k) {
+						still[refTarget(k)] = true
+					}
+				}
+			}
+		}
+		for _, k := range dropped {
+			if !still[k] {
+				os.Remove(filepath.Join(t.cfg.StateDir, manifestRel(k)))
+			}
+		}
 	}
 	t.cfg.Log.Info("deleted remote copy", "key", s.Key, "objects", len(s.Objects), "index_entries", n)
 	return nil
