@@ -1,6 +1,7 @@
 package tiering
 
 import (
+	"bytes"
 	"context"
 	"encoding/json"
 	"errors"
@@ -13,6 +14,7 @@ import (
 	"time"
 
 	"github.com/tierfs/tierfs/chunkxfer/store"
+	"github.com/tierfs/tierfs/idx"
 	"github.com/tierfs/tierfs/idx/kafka/kafkatest"
 )
 
@@ -229,6 +231,24 @@ func testBrokersShareTheStore(t *testing.T, s store.Store) {
 	}
 	if why := t2.LastErrors()["orders-0"].Kept; !strings.Contains(why, "not in the store yet") {
 		t.Fatalf("follower's reason: %q", why)
+	}
+	// Its copy of the index is the store's, with the remote offset and
+	// time indexes of each of the leader's segments.
+	dir := filepath.Join(b2.root, ".tierfs", "idx", "orders-0")
+	local, _ := os.ReadFile(filepath.Join(dir, idx.FileName))
+	remote, _ := store.ReadAll(s.Get(context.Background(), "orders-0/"+idx.FileName, 0, -1, store.GetOptions{}))
+	if len(local) == 0 || !bytes.Equal(local, remote) {
+		t.Fatalf("follower's index: %d bytes, the store's %d", len(local), len(remote))
+	}
+	x, _, err := idx.ParseIndex("index", local)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for i, b := range b1.bases[:4] {
+		next := b1.bases[i+1]
+		if _, rebuilt, err := idx.LoadRemoteIndexes(dir, x, b, next); err != nil || rebuilt {
+			t.Errorf("follower's remote indexes of %d: rebuilt %v, %v", b, rebuilt, err)
+		}
 	}
 	l3, r3, _ := checkReplica(t, t3, b3)
 	if r3 != 2 || l3 != 2 { // 0 and 26 mapped; 13 diverged; 39.. active
