@@ -149,6 +149,9 @@ func (u *Uploader) UploadFrom(ctx context.Context, path, key string, from int64,
 		// Done before, and the journal was not removed (a crash right
 		// after completing).
 		os.Remove(journalPath(u.JournalDir, "upload", key))
+		if u.onStart != nil {
+			u.onStart(m.Chunks(), false) // every part kept
+		}
 		return m, nil
 	}
 	if src.Size == from {

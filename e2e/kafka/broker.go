@@ -116,9 +116,13 @@ func StartCluster(opts []Options) ([]*Broker, error) {
 	if why := Available(); why != "" {
 		return nil, errors.New(why)
 	}
-	var id [16]byte
-	rand.Read(id[:])
-	clusterID := base64.RawURLEncoding.EncodeToString(id[:])
+	// A cluster id that starts with "-" would read as an option.
+	clusterID := "-"
+	for strings.HasPrefix(clusterID, "-") {
+		var id [16]byte
+		rand.Read(id[:])
+		clusterID = base64.RawURLEncoding.EncodeToString(id[:])
+	}
 	cport, err := freePort()
 	if err != nil {
 		return nil, err
