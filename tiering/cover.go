@@ -139,7 +139,11 @@ func (t *Tierer) cover(ctx context.Context, seg Segment, f *idx.File, keyAt func
 		}
 		if t.ownShipment(seg.Partition, key) {
 			cov.Next = b.Base
-			if key != keyAt(b.Base) {
+			resume := keyAt(b.Base) // the name of a tail shipped from here
+			if cov.End == 0 {
+				resume = keyAt(seg.Base) // of the whole file (its first batch may follow its base)
+			}
+			if key != resume {
 				cov.Why = fmt.Sprintf("an earlier version of this segment is in the store (offset %d is in %s): ships once the broker has deleted that version", b.Base, key)
 			} else {
 				cov.OwnKey = key

@@ -6,6 +6,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"golang.org/x/sys/unix"
 	"os"
 	"path/filepath"
 	"strings"
@@ -453,5 +454,51 @@ func TestAdoptRemote(t *testing.T) {
 	stale, _ := json.Marshal(rc)
 	if _, err := t2.AdoptRemote(context.Background(), "orders-0/"+kafkaName(999, ".log"), stale, 0o644); err == nil {
 		t.Fatal("a stale description was taken over")
+	}
+}
+
+// TestShipResumesAfterIndexedCrash: tierfs died after a segment's
+// entries went into the index but before its record was written. The
+// next pass finds its own entries and finishes that shipment, even for
+// a segment whose first batch follows its base offset (a cleaned one).
+func TestShipResumesAfterIndexedCrash(t *testing.T) {
+	s := store.NewMem(nil)
+	var stream [][]byte
+	var offs []int64
+	off := int64(5) // the first batch is not at the segment's base
+	for range 20 {
+		stream, offs = append(stream, kafkatest.Encode(kafkatest.Batch{Base: off, Records: 4, ValueSize: 2000, TS: 1000 + off, Epoch: 1})), append(offs, off)
+		off += 4
+	}
+	r := newReplica(t, "1", stream, offs, 10)
+	r.grow(t, 20)
+	first := r.segPath(r.bases[0])
+	renamed := filepath.Join(filepath.Dir(first), kafkaName(0, ".log"))
+	if err := os.Rename(first, renamed); err != nil {
+		t.Fatal(err)
+	}
+	r.bases[0] = 0
+	tr := shareTierer(t, r, s, RoleLeader)
+	tr.cfg.LocalRetentionBytes = 0
+	if rep := mustPass(t, tr); rep.Shipped != 1 {
+		t.Fatalf("first pass: %+v", rep)
+	}
+	rec, _, _ := readRecord(renamed)
+	// The state of the crash: the shipment still shipping, no record.
+	sh, err := loadShipment(tr.cfg.StateDir, "orders-0", rec.Key)
+	if err != nil {
+		t.Fatal(err)
+	}
+	sh.State = StateShipping
+	if err := writeShipment(tr.cfg.StateDir, sh); err != nil {
+		t.Fatal(err)
+	}
+	if err := unix.Removexattr(renamed, recordXattr); err != nil {
+		t.Fatal(err)
+	}
+	rep := mustPass(t, tr)
+	now, has, _ := readRecord(renamed)
+	if rep.Shipped != 1 || !has || now.Key != rec.Key || len(now.Extents) != 0 {
+		t.Fatalf("after the crash: %+v, record %+v (was %+v)", rep, now, rec)
 	}
 }
