@@ -502,3 +502,50 @@ func TestShipResumesAfterIndexedCrash(t *testing.T) {
 		t.Fatalf("after the crash: %+v, record %+v (was %+v)", rep, now, rec)
 	}
 }
+
+// TestHydrateAMappedSegment: a follower's evicted segment, held by two
+// of the leader's objects, comes back local byte-exact and can be freed
+// again without any upload.
+func TestHydrateAMappedSegment(t *testing.T) {
+	s := store.NewMem(nil)
+	var stream [][]byte
+	var offs []int64
+	var off int64
+	for range 30 {
+		stream, offs = append(stream, kafkatest.Encode(kafkatest.Batch{Base: off, Records: 4, ValueSize: 3000, TS: 1000 + off, Epoch: 1})), append(offs, off)
+		off += 4
+	}
+	b1 := newReplica(t, "1", stream, offs, 10)
+	b2 := newReplica(t, "2", stream, offs, 7)
+	b1.grow(t, 30)
+	b2.grow(t, 30)
+	t1 := shareTierer(t, b1, s, RoleLeader)
+	t2 := shareTierer(t, b2, s, RoleFollower)
+	mustPass(t, t1)
+	mustPass(t, t2)
+	p := b2.segPath(b2.bases[1]) // batches 7..13: two of the leader's objects
+	rec, _, _ := readRecord(p)
+	if rec.State != StateRemote || len(rec.Extents) != 2 {
+		t.Fatalf("follower's segment: %+v", rec)
+	}
+	puts := logBytes(t, s)
+	if err := t2.Hydrate(context.Background(), p, nil); err != nil {
+		t.Fatal(err)
+	}
+	got, _ := os.ReadFile(p)
+	if sha(got) != sha(b2.want(1)) {
+		t.Fatal("the hydrated segment differs")
+	}
+	if st, _, _ := t2.State(p); st != StateShipped {
+		t.Fatalf("after hydrate: %s", st)
+	}
+	if err := t2.Evict(p); err != nil {
+		t.Fatal(err)
+	}
+	if st, _, _ := t2.State(p); st != StateRemote || logBytes(t, s) != puts {
+		t.Fatalf("evicted again: %s, %d bytes of segments in the store (%d before)", st, logBytes(t, s), puts)
+	}
+	if sha(readAll(t, t2, p)) != sha(b2.want(1)) {
+		t.Fatal("evicted again, it reads otherwise")
+	}
+}
