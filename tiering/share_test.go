@@ -152,6 +152,20 @@ func logBytes(t *testing.T, s store.Store) int64 {
 	return n
 }
 
+// fourRecordBatches is a stream of n batches of 4 records each, from
+// offset first: the batches, their base offsets, and the stream's bytes
+// before each batch (and in all, last).
+func fourRecordBatches(n int, first int64, valueSize int) (stream [][]byte, offs, before []int64) {
+	off, sum := first, int64(0)
+	for range n {
+		b := kafkatest.Encode(kafkatest.Batch{Base: off, Records: 4, ValueSize: valueSize, TS: 1000 + off, Epoch: 1})
+		stream, offs, before = append(stream, b), append(offs, off), append(before, sum)
+		off += 4
+		sum += int64(len(b))
+	}
+	return stream, offs, append(before, sum)
+}
+
 // TestBrokersShareTheStore: three replicas of one partition, fed the
 // same batches but rolling at different points, share a store. The
 // leader ships; the followers map their segments onto its objects once
@@ -345,16 +359,7 @@ func testBrokersShareTheStore(t *testing.T, s store.Store) {
 // batch is stored once and both read back.
 func TestTwoLeadersRace(t *testing.T) {
 	s := store.NewMem(nil)
-	var stream [][]byte
-	var offs []int64
-	var size []int64
-	var off, sum int64
-	for range 60 {
-		b := kafkatest.Encode(kafkatest.Batch{Base: off, Records: 4, ValueSize: 3000, TS: 1000 + off, Epoch: 1})
-		stream, offs, size = append(stream, b), append(offs, off), append(size, sum)
-		off += 4
-		sum += int64(len(b))
-	}
+	stream, offs, size := fourRecordBatches(60, 0, 3000)
 	b1 := newReplica(t, "1", stream, offs, 10)
 	b2 := newReplica(t, "2", stream, offs, 7)
 	b1.grow(t, 60)
@@ -399,13 +404,7 @@ func TestTwoLeadersRace(t *testing.T) {
 // or of an object that changed, is refused.
 func TestAdoptRemote(t *testing.T) {
 	s := store.NewMem(nil)
-	var stream [][]byte
-	var offs []int64
-	var off int64
-	for range 30 {
-		stream, offs = append(stream, kafkatest.Encode(kafkatest.Batch{Base: off, Records: 4, ValueSize: 3000, TS: 1000 + off, Epoch: 1})), append(offs, off)
-		off += 4
-	}
+	stream, offs, _ := fourRecordBatches(30, 0, 3000)
 	b1 := newReplica(t, "1", stream, offs, 10)
 	b1.grow(t, 30)
 	t1 := shareTierer(t, b1, s, RoleLeader)
@@ -463,13 +462,7 @@ func TestAdoptRemote(t *testing.T) {
 // a segment whose first batch follows its base offset (a cleaned one).
 func TestShipResumesAfterIndexedCrash(t *testing.T) {
 	s := store.NewMem(nil)
-	var stream [][]byte
-	var offs []int64
-	off := int64(5) // the first batch is not at the segment's base
-	for range 20 {
-		stream, offs = append(stream, kafkatest.Encode(kafkatest.Batch{Base: off, Records: 4, ValueSize: 2000, TS: 1000 + off, Epoch: 1})), append(offs, off)
-		off += 4
-	}
+	stream, offs, _ := fourRecordBatches(20, 5, 2000) // the first batch is not at the segment's base
 	r := newReplica(t, "1", stream, offs, 10)
 	r.grow(t, 20)
 	first := r.segPath(r.bases[0])
@@ -508,13 +501,7 @@ func TestShipResumesAfterIndexedCrash(t *testing.T) {
 // again without any upload.
 func TestHydrateAMappedSegment(t *testing.T) {
 	s := store.NewMem(nil)
-	var stream [][]byte
-	var offs []int64
-	var off int64
-	for range 30 {
-		stream, offs = append(stream, kafkatest.Encode(kafkatest.Batch{Base: off, Records: 4, ValueSize: 3000, TS: 1000 + off, Epoch: 1})), append(offs, off)
-		off += 4
-	}
+	stream, offs, _ := fourRecordBatches(30, 0, 3000)
 	b1 := newReplica(t, "1", stream, offs, 10)
 	b2 := newReplica(t, "2", stream, offs, 7)
 	b1.grow(t, 30)
