@@ -56,9 +56,28 @@ func extentKeys(es []Extent) []string {
 	return out
 }
 
-// objectManifest is the local copy of key's manifest: written when the
-// object was shipped here or when a file here was first mapped onto it.
+// objectManifest is key's manifest, which must be of ETag etag (any,
+// when empty): the local copy, written when the object was shipped here
+// or when a file here was first mapped onto it. A copy that is missing
+// (it went with the last local file that read from the object while
+// another was being mapped onto it) is fetched from the store again.
 func (t *Tierer) objectManifest(key, etag string) (*chunkxfer.Manifest, error) {
+	m, err := t.localManifest(key)
+	if os.IsNotExist(err) {
+		ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+		m, err = t.fetchManifest(ctx, key)
+		cancel()
+	}
+	if err != nil {
+		return nil, err
+	}
+	if etag != "" && m.ETag != etag {
+		return nil, fmt.Errorf("manifest %s is not of %s (etag %s)", manifestRel(key), key, etag)
+	}
+	return m, nil
+}
+
+func (t *Tierer) localManifest(key string) (*chunkxfer.Manifest, error) {
 	b, err := os.ReadFile(filepath.Join(t.cfg.StateDir, manifestRel(key)))
 	if err != nil {
 		return nil, err
@@ -67,16 +86,17 @@ func (t *Tierer) objectManifest(key, etag string) (*chunkxfer.Manifest, error) {
 	if err != nil {
 		return nil, err
 	}
-	if m.Key != key || etag != "" && m.ETag != etag {
-		return nil, fmt.Errorf("manifest %s is not of %s (etag %s)", manifestRel(key), key, etag)
+	if m.Key != key {
+		return nil, fmt.Errorf("manifest %s is not of %s", manifestRel(key), key)
 	}
 	return m, nil
 }
 
-// fetchManifest loads key's manifest from the store, checks it is of the
-// object there now, and keeps a local copy.
+// fetchManifest is the local copy of key's manifest, or else the
+// store's, checked against the object there now and kept as a local
+// copy.
 func (t *Tierer) fetchManifest(ctx context.Context, key string) (*chunkxfer.Manifest, error) {
-	if m, err := t.objectManifest(key, ""); err == nil {
+	if m, err := t.localManifest(key); err == nil {
 		return m, nil
 	}
 	m, err := chunkxfer.LoadManifest(ctx, t.cfg.Store, key)

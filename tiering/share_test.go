@@ -516,6 +516,15 @@ func TestHydrateAMappedSegment(t *testing.T) {
 		t.Fatalf("follower's segment: %+v", rec)
 	}
 	puts := logBytes(t, s)
+	// Its local copies of the leader's manifests can go (with the last
+	// other file that read from those objects, while this one was being
+	// mapped): reads fetch them again.
+	for _, e := range rec.Extents {
+		os.Remove(filepath.Join(b2.root, ".tierfs", manifestRel(e.Key)))
+	}
+	if sha(readAll(t, t2, p)) != sha(b2.want(1)) {
+		t.Fatal("without its manifest copies, the segment reads otherwise")
+	}
 	if err := t2.Hydrate(context.Background(), p, nil); err != nil {
 		t.Fatal(err)
 	}
