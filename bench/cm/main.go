@@ -1,8 +1,9 @@
 // Command cm measures what change management costs on the paths where it
 // does work: the same workloads run, in every run, on a plain directory,
 // on a tierfs mount without cm and on mounts with --cm (with and without
-// excluding Kafka's checkpoint temporaries), and the table gives ops/s
-// and the median of the per-run ratios to the mount without cm.
+// excluding Kafka's checkpoint temporaries), taking turns in short bursts,
+// and the table gives ops/s and the median of the per-run ratios to the
+// mount without cm.
 //
 // Workloads (each op is one iteration of the pattern):
 //
@@ -16,13 +17,19 @@ package main
 
 import (
 	"bytes"
+	"context"
 	"flag"
 	"fmt"
 	"os"
+	"os/exec"
 	"path/filepath"
+	"slices"
+	"strings"
 	"syscall"
+	"time"
 
 	"github.com/tierfs/tierfs/bench/internal/benchutil"
+	"github.com/tierfs/tierfs/control"
 )
 
 type config struct {
@@ -30,16 +37,40 @@ type config struct {
 	args []string // tierfs mount flags; nil: the plain directory
 }
 
+func (c config) cm() bool { return slices.Contains(c.args, "--cm") }
+
 func main() {
 	bin := flag.String("tierfs", "bin/tierfs", "tierfs binary")
 	runs := flag.Int("runs", 5, "runs")
 	ops := flag.Int("ops", 2000, "iterations of each workload per run")
+	bursts := flag.Int("bursts", 10, "bursts each run's ops are split into; the configurations take turns")
+	only := flag.String("only", "", "run only this workload (files or kafka)")
+	fsType := flag.String("fs", "ext4", "measure on a fresh file system of this type (mkfs.TYPE on a loop device, as root); \"\" for a directory in /var/tmp")
 	flag.Parse()
 	work, err := os.MkdirTemp("/var/tmp", "tierfs-bench-cm-")
 	if err != nil {
-		fail(err)
+		die(err)
 	}
-	defer os.RemoveAll(work)
+	// What to undo on the way out, newest first, also when a measurement
+	// fails (fail exits without running deferred calls).
+	var undo []func()
+	fail := func(err error) {
+		for i := len(undo) - 1; i >= 0; i-- {
+			undo[i]()
+		}
+		die(err)
+	}
+	undo = append(undo, func() { os.RemoveAll(work) })
+	defer func() { fail(nil) }()
+	where := "a directory in /var/tmp"
+	if *fsType != "" {
+		dir, done, err := freshFS(work, *fsType)
+		if err != nil {
+			fail(fmt.Errorf("-fs %s: %w (-fs \"\" measures in /var/tmp instead)", *fsType, err))
+		}
+		undo = append(undo, done)
+		work, where = dir, "a fresh "+*fsType+" file system (mkfs defaults, on a loop device)"
+	}
 	configs := []config{
 		{"plain directory", nil},
 		{"tierfs", []string{}},
@@ -48,29 +79,71 @@ func main() {
 	}
 	workloads := []struct {
 		name string
+		unit string
 		run  func(dir string, n int) error
-	}{{"files", files}, {"kafka", kafkaRolls}}
+	}{{"files", "files ops/s", files}, {"kafka", "kafka rolls/s", kafkaRolls}}
+	if *only != "" {
+		kept := workloads[:0]
+		for _, w := range workloads {
+			if w.name == *only {
+				kept = append(kept, w)
+			}
+		}
+		if len(kept) == 0 {
+			fail(fmt.Errorf("-only %q: no such workload", *only))
+		}
+		workloads = kept
+	}
 	// rate[workload][config][run]
 	rate := map[string]map[string][]float64{}
 	for _, w := range workloads {
 		rate[w.name] = map[string][]float64{}
 	}
 	for r := 0; r < *runs; r++ {
-		for _, c := range configs {
-			for _, w := range workloads {
+		for _, w := range workloads {
+			// Every configuration gets its mount up front; then they take
+			// turns, a burst each, in an order that rotates, so whatever
+			// drifts during a run (the journal, the page cache, ext4's
+			// free inodes, other load) falls on all of them alike.
+			dirs := make([]string, len(configs))
+			dones := make([]func(), len(configs))
+			for i, c := range configs {
 				dir, done, err := setUp(*bin, work, c)
 				if err != nil {
 					fail(err)
 				}
-				// Each measurement starts with nothing left to write back
-				// from the one before.
-				syscall.Sync()
-				d := benchutil.Time(func() { err = w.run(dir, *ops) })
-				done()
-				if err != nil {
-					fail(fmt.Errorf("%s on %s: %w", w.name, c.name, err))
+				dirs[i], dones[i] = dir, done
+				undo = append(undo, done)
+			}
+			spent := make([]time.Duration, len(configs))
+			n := (*ops + *bursts - 1) / *bursts
+			for b := 0; b < *bursts; b++ {
+				for k := range configs {
+					i := (k + b + r) % len(configs)
+					dir := filepath.Join(dirs[i], fmt.Sprintf("burst%d", b))
+					if err := os.Mkdir(dir, 0o755); err != nil {
+						fail(err)
+					}
+					// Each burst starts with nothing left to write back
+					// from the one before.
+					syscall.Sync()
+					var err error
+					spent[i] += benchutil.Time(func() {
+						if err = w.run(dir, n); err == nil && configs[i].cm() {
+							// The burst's background work (filing its
+							// originals, syncing the event log) is
+							// part of its cost, not the next one's.
+							err = control.Call(context.Background(), dirs[i], control.Request{Op: "cm.flush"}, func(control.Event) {})
+						}
+					})
+					if err != nil {
+						fail(fmt.Errorf("%s on %s: %w", w.name, configs[i].name, err))
+					}
 				}
-				ops := float64(*ops) / d.Seconds()
+			}
+			for i, c := range configs {
+				dones[i]()
+				ops := float64(n**bursts) / spent[i].Seconds()
 				rate[w.name][c.name] = append(rate[w.name][c.name], ops)
 				fmt.Fprintf(os.Stderr, "run %d %s %s: %.0f ops/s\n", r+1, c.name, w.name, ops)
 			}
@@ -79,9 +152,12 @@ func main() {
 	rep := benchutil.Report{
 		Name:  "cm",
 		Title: "Change management: the cost of --cm",
-		Notes: []string{fmt.Sprintf("%d runs of %d ops each (medians; ratios are medians of per-run ratios to tierfs without cm); %s. "+
-			"files: create, write 4 KiB, rename over another, unlink every second; kafka: a segment roll as a broker does it (.log, preallocated and trimmed .index, checkpoint .tmp renamed over, retention of the segment three rolls back).", *runs, *ops, benchutil.Machine())},
-		Header: []string{"configuration", "files ops/s", "× no cm", "kafka rolls/s", "× no cm"},
+		Notes: []string{fmt.Sprintf("%d runs of %d ops each, in %d bursts per run that the configurations take turns at, on %s (medians; ratios are medians of per-run ratios to tierfs without cm); %s. "+
+			"files: create, write 4 KiB, rename over another, unlink every second; kafka: a segment roll as a broker does it (.log, preallocated and trimmed .index, checkpoint .tmp renamed over, retention of the segment three rolls back).", *runs, *ops, *bursts, where, benchutil.Machine())},
+		Header: []string{"configuration"},
+	}
+	for _, w := range workloads {
+		rep.Header = append(rep.Header, w.unit, "× no cm")
 	}
 	for _, w := range workloads {
 		ch := benchutil.Chart{Title: "cm: " + w.name + " pattern", Unit: "ops/s"}
@@ -127,6 +203,37 @@ func setUp(bin, work string, c config) (dir string, done func(), err error) {
 		return "", nil, err
 	}
 	return mnt, unmount, nil
+}
+
+// freshFS makes a file system of type typ in an image file in work and
+// mounts it; the measurements run there, as a broker's log dir is on a
+// disk of its own. On a shared file system the results depend on what
+// else it did lately: ext4 without a journal, as the root file system of
+// this project's test machines is, skips every inode freed in the last
+// few minutes when it allocates one, so one configuration's creates
+// paid for another's (and an earlier program's) deletes.
+func freshFS(work, typ string) (string, func(), error) {
+	img, dir := filepath.Join(work, "fs.img"), filepath.Join(work, "fs")
+	if err := os.Mkdir(dir, 0o755); err != nil {
+		return "", nil, err
+	}
+	// Sparse: it takes what the measurements write, a few hundred MB.
+	if err := os.WriteFile(img, nil, 0o600); err != nil {
+		return "", nil, err
+	}
+	if err := os.Truncate(img, 8<<30); err != nil {
+		return "", nil, err
+	}
+	for _, cmd := range [][]string{{"mkfs." + typ, "-q", img}, {"mount", "-o", "loop", img, dir}} {
+		if out, err := exec.Command(cmd[0], cmd[1:]...).CombinedOutput(); err != nil {
+			return "", nil, fmt.Errorf("%s: %v: %s", strings.Join(cmd, " "), err, bytes.TrimSpace(out))
+		}
+	}
+	return dir, func() {
+		if out, err := exec.Command("umount", dir).CombinedOutput(); err != nil {
+			fmt.Fprintf(os.Stderr, "bench/cm: umount %s: %v: %s\n", dir, err, out)
+		}
+	}, nil
 }
 
 func files(dir string, n int) error {
@@ -200,7 +307,11 @@ func kafkaRolls(dir string, n int) error {
 	return nil
 }
 
-func fail(err error) {
+// die ends the program: with an error, or (nil) normally.
+func die(err error) {
+	if err == nil {
+		os.Exit(0)
+	}
 	fmt.Fprintln(os.Stderr, "bench/cm:", err)
 	os.Exit(1)
 }
