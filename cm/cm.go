@@ -85,9 +85,11 @@ type Manager struct {
 	filer filer
 	bufs  sync.Pool // of hash buffers
 
-	stats Stats
-	stop  chan struct{}
-	wg    sync.WaitGroup
+	stats     Stats
+	stop      chan struct{}
+	wg        sync.WaitGroup
+	closeOnce sync.Once
+	closeErr  error
 }
 
 // retainedCopy is one retained original.
@@ -261,7 +263,8 @@ func (m *Manager) wait() error {
 	return m.readyErr
 }
 
-// Close stops the background work and syncs the log.
+// Close stops the background work and syncs the log. Closing again does
+// nothing.
 func (m *Manager) Close() error {
 	select {
 	case <-m.ready:
@@ -271,6 +274,11 @@ func (m *Manager) Close() error {
 	if m.readyErr != nil {
 		return nil
 	}
+	m.closeOnce.Do(func() { m.closeErr = m.close() })
+	return m.closeErr
+}
+
+func (m *Manager) close() error {
 	m.filer.mu.Lock()
 	m.filer.closing = true
 	m.filer.cond.Broadcast()

@@ -48,7 +48,14 @@ func (m *Manager) captured(ev Event) {
 	if ev.Pending == "" || id == 0 {
 		return
 	}
-	m.markDirty(filepath.Join(m.dir, ev.Pending), filepath.Join(m.dir, "tmp"))
+	// The tmp dir's entry is synced with the log. So are the bytes of a
+	// copy cm made; an original moved or linked out of the tree has the
+	// durability its writer gave it, as it had in the tree.
+	dirty := []string{filepath.Join(m.dir, "tmp")}
+	if isCopy(ev.Pending) {
+		dirty = append(dirty, filepath.Join(m.dir, ev.Pending))
+	}
+	m.markDirty(dirty...)
 	f := &m.filer
 	f.mu.Lock()
 	defer f.mu.Unlock()
@@ -109,26 +116,57 @@ func (m *Manager) flushFiler() {
 // stays in tmp and is filed at the next start.
 func (m *Manager) fileOne(j fileJob) {
 	full := filepath.Join(m.dir, j.tmp)
-	sum, size, err := m.sumFile(full)
+	sum, st, err := m.sumRetained(full)
 	var name string
+	var fresh bool
 	if err == nil {
-		name, err = m.keep(full, j.rel, sum, j.at)
+		name, fresh, err = m.keep(full, j.rel, sum, j.at, &st)
 	}
 	if err != nil {
 		m.stats.Errors.Add(1)
 		m.cfg.Log.Error("cm: retained original not filed; it stays in tmp until the next start", "path", j.rel, "tmp", j.tmp, "err", err)
 		return
 	}
-	// The record first, then tmp goes: a crash in between leaves a tmp
-	// name that a filed event names, which recovery removes.
-	m.record(Event{Type: EvFiled, Ref: j.id, Path: j.rel, Sum: sum, Name: name, Size: size})
-	os.Remove(full)
+	// The record first, then the original moves from tmp to its name: a
+	// crash in between leaves a tmp name that a filed event names, which
+	// recovery moves (or removes, when the content was kept already).
+	// Until it has moved, by-sum/<sum> reads it.
+	m.record(Event{Type: EvFiled, Ref: j.id, Path: j.rel, Sum: sum, Name: name, Size: st.Size})
+	if !fresh {
+		os.Remove(full)
+		return
+	}
+	if err := m.moveIn(full, name); err != nil {
+		m.stats.Errors.Add(1)
+		m.cfg.Log.Error("cm: retained original not moved to its name; by-sum has it, and the next start moves it", "path", j.rel, "name", name, "err", err)
+	} else if isCopy(j.tmp) {
+		m.markDirty(filepath.Join(m.dir, name))
+	}
 }
 
-// keep files the original at full (whose checksum is sum) under rel and
-// returns the cmroot name its content is kept under. Content already
-// retained is kept once.
-func (m *Manager) keep(full, rel, sum string, at time.Time) (string, error) {
+// isCopy says whether the tmp name is of a copy cm made (see takeAway).
+func isCopy(tmp string) bool {
+	return strings.HasPrefix(filepath.Base(tmp), tmpCopy+"-")
+}
+
+// sumRetained is the checksum and stat of an original in tmp. Its
+// checksum is not cached on it: nothing hashes a retained original again.
+func (m *Manager) sumRetained(full string) (string, unix.Stat_t, error) {
+	fd, st, err := openRegular(full)
+	if err != nil {
+		return "", st, err
+	}
+	defer unix.Close(fd)
+	sum, _, err := m.sumOpen(fd, full, &st)
+	return sum, st, err
+}
+
+// keep decides the cmroot name of the original at full (of path rel,
+// checksum sum, stat st, retained at at). Content already retained is
+// kept once: fresh is false, and the original can go. Otherwise the
+// original is linked as by-sum/<sum>, which says the content is
+// retained, and fresh is true: the caller moves it to name.
+func (m *Manager) keep(full, rel, sum string, at time.Time, st *unix.Stat_t) (name string, fresh bool, err error) {
 	m.mu.Lock()
 	defer m.mu.Unlock()
 	if rc, ok := m.retained[sum]; ok {
@@ -137,45 +175,49 @@ func (m *Manager) keep(full, rel, sum string, at time.Time) (string, error) {
 				rc.last = at
 			}
 			m.stats.Deduplicated.Add(1)
-			return rc.name, nil
+			return rc.name, false, nil
 		}
 	}
-	name := "files/" + rel + "_" + sum
-	dst := filepath.Join(m.dir, name)
-	// The directories filed into are made once (the cleaner may remove
-	// one since: then it is made again).
-	dir := filepath.Dir(dst)
-	if !m.madeDirs[dir] {
-		if err := os.MkdirAll(dir, 0o700); err != nil {
-			return "", err
-		}
-		m.madeDirs[dir] = true
-	}
-	// by-sum first: it is what says the content is retained.
 	if err := os.Link(full, filepath.Join(m.dir, "by-sum", sum)); err != nil && !errors.Is(err, os.ErrExist) {
-		return "", err
+		return "", false, err
 	}
-	err := os.Link(full, dst)
-	if errors.Is(err, os.ErrNotExist) {
-		delete(m.madeDirs, dir)
-		if err = os.MkdirAll(dir, 0o700); err == nil {
-			m.madeDirs[dir] = true
-			err = os.Link(full, dst)
-		}
-	}
-	if err != nil && !errors.Is(err, os.ErrExist) {
-		return "", err
-	}
-	var st unix.Stat_t
-	unix.Lstat(dst, &st)
-	rc := &retainedCopy{name: name, bytes: st.Blocks * 512, last: at}
+	rc := &retainedCopy{name: "files/" + rel + "_" + sum, bytes: st.Blocks * 512, last: at}
 	m.retained[sum] = rc
 	m.bytes += rc.bytes
 	m.stats.RetainedFiles.Add(1)
 	m.stats.RetainedBytes.Add(st.Size)
 	m.dirty[filepath.Join(m.dir, "by-sum")] = true
-	m.dirty[filepath.Dir(dst)] = true
-	return name, nil
+	return rc.name, true, nil
+}
+
+// moveIn renames the original at full to its cmroot name, making the
+// directory it goes in (once: the cleaner may remove one since, and then
+// it is made again).
+func (m *Manager) moveIn(full, name string) error {
+	dst := filepath.Join(m.dir, name)
+	dir := filepath.Dir(dst)
+	m.mu.Lock()
+	made := m.madeDirs[dir]
+	m.mu.Unlock()
+	if !made {
+		if err := os.MkdirAll(dir, 0o700); err != nil {
+			return err
+		}
+	}
+	err := os.Rename(full, dst)
+	if errors.Is(err, os.ErrNotExist) {
+		if err = os.MkdirAll(dir, 0o700); err == nil {
+			err = os.Rename(full, dst)
+		}
+	}
+	if err != nil {
+		return err
+	}
+	m.mu.Lock()
+	m.madeDirs[dir] = true
+	m.dirty[dir] = true
+	m.mu.Unlock()
+	return nil
 }
 
 // markDirty notes files and directories of the cmroot to sync with the
@@ -233,10 +275,10 @@ func readResolved(dir string, from, to uint64) ([]Event, error) {
 // change did not happen is removed.
 func (m *Manager) recoverTmp() error {
 	waiting := map[string]Event{}
-	filed := map[uint64]bool{}
+	filed := map[uint64]string{} // event id: the name its original was filed as
 	err := readEvents(m.log.dir, 0, ^uint64(0), func(ev Event) error {
 		if ev.Type == EvFiled {
-			filed[ev.Ref] = true
+			filed[ev.Ref] = ev.Name
 		} else if ev.Pending != "" {
 			waiting[ev.Pending] = ev
 		}
@@ -254,14 +296,23 @@ func (m *Manager) recoverTmp() error {
 		full := filepath.Join(m.dir, name)
 		if ev, ok := waiting[name]; ok {
 			delete(waiting, name)
-			if !filed[ev.ID] {
+			filedAs, done := filed[ev.ID]
+			switch {
+			case !done:
 				m.fileOne(fileJob{id: ev.ID, tmp: name, rel: retainedPath(ev), at: time.Unix(0, ev.TimeNs)})
-				continue
+			case e.Type().IsRegular() && filedAs != "" && !exists(filepath.Join(m.dir, filedAs)):
+				// Filed, but the crash came before it moved to its name.
+				if err := m.moveIn(full, filedAs); err != nil {
+					m.cfg.Log.Error("cm: retained original not moved to its name; by-sum has it", "event", ev.ID, "name", filedAs, "err", err)
+				}
+			default:
+				os.RemoveAll(full) // filed, and its content is at its name
 			}
+			continue
 		}
 		how, rel := parseTmpName(e.Name())
 		if !e.Type().IsRegular() || rel == "" || (how != tmpMove && !m.replacedInTree(full, rel, how)) {
-			os.RemoveAll(full) // filed already, or its change never happened
+			os.RemoveAll(full) // its change never happened
 			continue
 		}
 		var st unix.Stat_t
@@ -271,7 +322,7 @@ func (m *Manager) recoverTmp() error {
 		m.cfg.Log.Warn("cm: an original retained just before a crash was filed; its event is marked recovered", "path", rel)
 	}
 	for name, ev := range waiting {
-		if !filed[ev.ID] {
+		if _, done := filed[ev.ID]; !done {
 			m.cfg.Log.Error("cm: an event's retained original is missing from tmp; that version cannot be restored", "event", ev.ID, "path", ev.Path, "tmp", name)
 		}
 	}
@@ -293,6 +344,11 @@ func (m *Manager) replacedInTree(full, rel, how string) bool {
 		return true
 	}
 	return !sameInode(&kept, &now)
+}
+
+func exists(path string) bool {
+	var st unix.Stat_t
+	return unix.Lstat(path, &st) == nil
 }
 
 func parseTmpName(n string) (how, rel string) {

@@ -381,7 +381,7 @@ func (p *plan) copyVerified(dfd int, rel string, pfd int, base string, l FileLin
 	if kindOf(st.Mode) != KindFile || st.Size < l.Size {
 		return false, nil
 	}
-	r, done, err := contentReader(p.remote, "/proc/self/fd/"+strconv.Itoa(fd), in, st.Size)
+	r, done, err := contentAt(p.remote, "/proc/self/fd/"+strconv.Itoa(fd), fd, st.Size)
 	if err != nil {
 		return false, err
 	}

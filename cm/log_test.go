@@ -1,6 +1,7 @@
 package cm
 
 import (
+	"fmt"
 	"os"
 	"path/filepath"
 	"strconv"
@@ -157,5 +158,61 @@ func TestCrashBeforeTheEventIsRecovered(t *testing.T) {
 	b, err := os.ReadFile(filepath.Join(cmroot, evs[0].Name))
 	if err != nil || string(b) != "segment bytes" {
 		t.Fatalf("recovered original %q %v", b, err)
+	}
+}
+
+// A crash after an original's filed record, before it moved from tmp to
+// its name: the next start moves it there (or, when its name has the
+// content already, removes it), and records nothing more.
+func TestCrashAfterFilingIsRecovered(t *testing.T) {
+	for _, nameThere := range []bool{false, true} {
+		t.Run(fmt.Sprintf("name there %v", nameThere), func(t *testing.T) {
+			s := newSim(t, Config{})
+			s.mkdir("orders-0")
+			s.write("orders-0/0.log", 0, []byte("segment bytes"))
+			s.unlink("orders-0/0.log")
+			s.must(s.m.Flush())
+			var pending, name string
+			s.must(readEvents(s.m.log.dir, 0, ^uint64(0), func(ev Event) error {
+				if ev.Type == EvDelete {
+					pending = ev.Pending
+				}
+				if ev.Type == EvFiled {
+					name = ev.Name
+				}
+				return nil
+			}))
+			if pending == "" || name == "" {
+				t.Fatalf("pending %q, filed as %q", pending, name)
+			}
+			before, _ := s.m.Events("", 0, time.Time{}, 0)
+			s.m.Close()
+			// Back to how the crash left it.
+			op := os.Rename
+			if nameThere {
+				op = os.Link
+			}
+			s.must(op(filepath.Join(s.m.Dir(), name), filepath.Join(s.m.Dir(), pending)))
+			m := New(Config{})
+			s.must(m.Attach(s.root, s.m.Dir()))
+			defer m.Close()
+			if b, err := os.ReadFile(filepath.Join(m.Dir(), name)); err != nil || string(b) != "segment bytes" {
+				t.Fatalf("at its name: %q %v", b, err)
+			}
+			if _, err := os.Lstat(filepath.Join(m.Dir(), pending)); !os.IsNotExist(err) {
+				t.Fatalf("still in tmp: %v", err)
+			}
+			after, _ := m.Events("", 0, time.Time{}, 0)
+			if len(after) != len(before) {
+				t.Fatalf("events before the crash %v, after %v", before, after)
+			}
+			out := t.TempDir()
+			if _, err := m.Restore("orders-0", before[len(before)-2].ID, out); err != nil {
+				t.Fatal(err)
+			}
+			if b, err := os.ReadFile(filepath.Join(out, "orders-0", "0.log")); err != nil || string(b) != "segment bytes" {
+				t.Fatalf("restored %q %v", b, err)
+			}
+		})
 	}
 }

@@ -304,16 +304,12 @@ func (m *Manager) sumAll(s *snapshot) error {
 // sumPrefix is the checksum of the first n bytes of the file at path,
 // followed by zeros zero bytes.
 func (m *Manager) sumPrefix(path string, n, zeros int64) (string, error) {
-	f, err := os.Open(path)
+	fd, st, err := openRegular(path)
 	if err != nil {
 		return "", err
 	}
-	defer f.Close()
-	var st unix.Stat_t
-	if err := unix.Fstat(int(f.Fd()), &st); err != nil {
-		return "", err
-	}
-	r, done, err := contentReader(m.cfg.Remote, path, f, st.Size)
+	defer unix.Close(fd)
+	r, done, err := contentAt(m.cfg.Remote, path, fd, st.Size)
 	if err != nil {
 		return "", err
 	}

@@ -3,7 +3,6 @@ package cm
 import (
 	"crypto/sha256"
 	"encoding/hex"
-	"errors"
 	"fmt"
 	"io"
 	"os"
@@ -48,6 +47,11 @@ func cachedSum(fd int) (string, bool) {
 	if unix.Fstat(fd, &st) != nil {
 		return "", false
 	}
+	return cachedSumOf(fd, &st)
+}
+
+// cachedSumOf is cachedSum for a file whose stat is st.
+func cachedSumOf(fd int, st *unix.Stat_t) (string, bool) {
 	buf := make([]byte, 256)
 	n, err := unix.Fgetxattr(fd, sumXattr, buf)
 	if err != nil {
@@ -103,9 +107,24 @@ type Remote interface {
 	OpenIfRemote(path string) (r io.ReaderAt, closer io.Closer, ok bool, err error)
 }
 
-// contentReader returns a reader of the whole content of the file at path
-// (open at f), from the store when it was evicted.
-func contentReader(remote Remote, path string, f *os.File, size int64) (io.Reader, func(), error) {
+// fdReader reads a file open at a descriptor with pread, leaving its
+// offset alone.
+type fdReader int
+
+func (f fdReader) ReadAt(p []byte, off int64) (int, error) {
+	n, err := unix.Pread(int(f), p, off)
+	if err != nil {
+		return 0, err
+	}
+	if n < len(p) {
+		return n, io.EOF
+	}
+	return n, nil
+}
+
+// contentAt returns a reader of the whole content of the file at path
+// (open at fd), from the store when it was evicted.
+func contentAt(remote Remote, path string, fd int, size int64) (io.Reader, func(), error) {
 	if remote != nil {
 		r, c, ok, err := remote.OpenIfRemote(path)
 		if err != nil {
@@ -115,40 +134,64 @@ func contentReader(remote Remote, path string, f *os.File, size int64) (io.Reade
 			return io.NewSectionReader(r, 0, size), func() { c.Close() }, nil
 		}
 	}
-	if _, err := f.Seek(0, io.SeekStart); err != nil {
-		return nil, nil, err
+	return io.NewSectionReader(fdReader(fd), 0, size), func() {}, nil
+}
+
+// openRegular opens the file at path for reading, without following a
+// symlink, and stats it; it must be a regular file. A raw descriptor: the
+// runtime's poller has nothing to do with a regular file, and os.File
+// would ask it (and set and clear O_NONBLOCK) on every open.
+func openRegular(path string) (int, unix.Stat_t, error) {
+	var st unix.Stat_t
+	fd, err := unix.Open(path, unix.O_RDONLY|unix.O_NOFOLLOW|unix.O_CLOEXEC, 0)
+	if err != nil {
+		return -1, st, &os.PathError{Op: "open", Path: path, Err: err}
 	}
-	return f, func() {}, nil
+	if err := unix.Fstat(fd, &st); err != nil {
+		unix.Close(fd)
+		return -1, st, &os.PathError{Op: "stat", Path: path, Err: err}
+	}
+	if st.Mode&unix.S_IFMT != unix.S_IFREG {
+		unix.Close(fd)
+		return -1, st, fmt.Errorf("%s: not a regular file", path)
+	}
+	return fd, st, nil
+}
+
+// sumOpen returns the checksum of the file at path, open at fd with stat
+// st: from the cache, or by reading it (through the store when it was
+// evicted); computed says it was read.
+func (m *Manager) sumOpen(fd int, path string, st *unix.Stat_t) (sum string, computed bool, err error) {
+	if s, ok := cachedSumOf(fd, st); ok {
+		return s, false, nil
+	}
+	r, done, err := contentAt(m.cfg.Remote, path, fd, st.Size)
+	if err != nil {
+		return "", false, err
+	}
+	defer done()
+	s, err := m.hash(r, st.Size)
+	if err != nil {
+		return "", false, fmt.Errorf("checksum of %s: %w", path, err)
+	}
+	return s, true, nil
 }
 
 // sumFile returns the checksum of the file at path, from the cache or by
 // reading it (through the store when it was evicted), and caches it.
 func (m *Manager) sumFile(path string) (string, int64, error) {
-	f, err := os.Open(path)
+	fd, st, err := openRegular(path)
 	if err != nil {
 		return "", 0, err
 	}
-	defer f.Close()
-	var st unix.Stat_t
-	if err := unix.Fstat(int(f.Fd()), &st); err != nil {
-		return "", 0, err
-	}
-	if st.Mode&unix.S_IFMT != unix.S_IFREG {
-		return "", 0, errors.New("not a regular file")
-	}
-	if s, ok := cachedSum(int(f.Fd())); ok {
-		return s, st.Size, nil
-	}
-	r, done, err := contentReader(m.cfg.Remote, path, f, st.Size)
+	defer unix.Close(fd)
+	s, computed, err := m.sumOpen(fd, path, &st)
 	if err != nil {
 		return "", 0, err
 	}
-	defer done()
-	s, err := m.hash(r, st.Size)
-	if err != nil {
-		return "", 0, fmt.Errorf("checksum of %s: %w", path, err)
+	if computed {
+		cacheSum(fd, s, m.cfg.Now())
 	}
-	cacheSum(int(f.Fd()), s, m.cfg.Now())
 	return s, st.Size, nil
 }
 

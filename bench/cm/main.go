@@ -35,6 +35,7 @@ import (
 type config struct {
 	name string
 	args []string // tierfs mount flags; nil: the plain directory
+	bin  string   // the tierfs binary, when not -tierfs
 }
 
 func (c config) cm() bool { return slices.Contains(c.args, "--cm") }
@@ -45,6 +46,7 @@ func main() {
 	ops := flag.Int("ops", 2000, "iterations of each workload per run")
 	bursts := flag.Int("bursts", 10, "bursts each run's ops are split into; the configurations take turns")
 	only := flag.String("only", "", "run only this workload (files or kafka)")
+	vs := flag.String("vs", "", "another tierfs binary to measure --cm of, beside -tierfs (to compare two builds)")
 	fsType := flag.String("fs", "ext4", "measure on a fresh file system of this type (mkfs.TYPE on a loop device, as root); \"\" for a directory in /var/tmp")
 	flag.Parse()
 	work, err := os.MkdirTemp("/var/tmp", "tierfs-bench-cm-")
@@ -72,10 +74,13 @@ func main() {
 		work, where = dir, "a fresh "+*fsType+" file system (mkfs defaults, on a loop device)"
 	}
 	configs := []config{
-		{"plain directory", nil},
-		{"tierfs", []string{}},
-		{"tierfs --cm", []string{"--cm"}},
-		{"tierfs --cm --cm-exclude '*.tmp'", []string{"--cm", "--cm-exclude", "*.tmp"}},
+		{name: "plain directory"},
+		{name: "tierfs", args: []string{}},
+		{name: "tierfs --cm", args: []string{"--cm"}},
+		{name: "tierfs --cm --cm-exclude '*.tmp'", args: []string{"--cm", "--cm-exclude", "*.tmp"}},
+	}
+	if *vs != "" {
+		configs = append(configs, config{name: "tierfs --cm (" + *vs + ")", args: []string{"--cm"}, bin: *vs})
 	}
 	workloads := []struct {
 		name string
@@ -108,7 +113,11 @@ func main() {
 			dirs := make([]string, len(configs))
 			dones := make([]func(), len(configs))
 			for i, c := range configs {
-				dir, done, err := setUp(*bin, work, c)
+				b := *bin
+				if c.bin != "" {
+					b = c.bin
+				}
+				dir, done, err := setUp(b, work, c)
 				if err != nil {
 					fail(err)
 				}
