@@ -76,6 +76,7 @@ type Manager struct {
 	dirName  string          // the cmroot as the kernel names it (no /proc links)
 	log      *eventLog
 	tmpSeq   atomic.Uint64
+	tmpDirty atomic.Bool // tmp/ gained an entry since the last sync
 
 	mu       sync.Mutex
 	retained map[string]*retainedCopy // by checksum; GUARDED_BY(mu)

@@ -51,11 +51,12 @@ func (m *Manager) captured(ev Event) {
 	// The tmp dir's entry is synced with the log. So are the bytes of a
 	// copy cm made; an original moved or linked out of the tree has the
 	// durability its writer gave it, as it had in the tree.
-	dirty := []string{filepath.Join(m.dir, "tmp")}
+	// (A flag, not the dirty set: this is on every change's path, and
+	// the filer holds mu while it links.)
+	m.tmpDirty.Store(true)
 	if isCopy(ev.Pending) {
-		dirty = append(dirty, filepath.Join(m.dir, ev.Pending))
+		m.markDirty(filepath.Join(m.dir, ev.Pending))
 	}
-	m.markDirty(dirty...)
 	f := &m.filer
 	f.mu.Lock()
 	defer f.mu.Unlock()
@@ -237,13 +238,16 @@ func (m *Manager) syncAll() error {
 	dirty := m.dirty
 	m.dirty = map[string]bool{}
 	m.mu.Unlock()
+	if m.tmpDirty.Swap(false) {
+		dirty[filepath.Join(m.dir, "tmp")] = true
+	}
 	for p := range dirty {
-		f, err := os.Open(p)
+		fd, err := unix.Open(p, unix.O_RDONLY|unix.O_CLOEXEC, 0)
 		if err != nil {
 			continue // filed and gone since
 		}
-		f.Sync()
-		f.Close()
+		unix.Fsync(fd)
+		unix.Close(fd)
 	}
 	return m.log.sync()
 }

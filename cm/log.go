@@ -100,6 +100,7 @@ type eventLog struct {
 	size    int64    // of f; GUARDED_BY(mu)
 	next    uint64   // the id the next event gets; GUARDED_BY(mu)
 	dirty   bool     // written since the last sync; GUARDED_BY(mu)
+	buf     []byte   // the line being written; GUARDED_BY(mu)
 	segSize int64
 }
 
@@ -292,14 +293,16 @@ func (l *eventLog) append(ev *Event) error {
 		}
 	}
 	ev.ID = l.next
-	body, err := json.Marshal(ev)
-	if err != nil {
-		return err
+	// "<crc> " is filled in once the body is there.
+	line := append(l.buf[:0], "00000000 "...)
+	line = appendEvent(line, ev)
+	sum := crc32.Checksum(line[9:], castagnoli)
+	for i := 7; i >= 0; i-- {
+		line[i] = hexDigits[sum&0xf]
+		sum >>= 4
 	}
-	line := make([]byte, 0, len(body)+10)
-	line = fmt.Appendf(line, "%08x ", crc32.Checksum(body, castagnoli))
-	line = append(line, body...)
 	line = append(line, '\n')
+	l.buf = line
 	if _, err := l.f.Write(line); err != nil {
 		// A partial line would be cut at the next start; stop at it now
 		// too, so the next append does not follow garbage.

@@ -46,7 +46,7 @@ func main() {
 	ops := flag.Int("ops", 2000, "iterations of each workload per run")
 	bursts := flag.Int("bursts", 10, "bursts each run's ops are split into; the configurations take turns")
 	only := flag.String("only", "", "run only this workload (files or kafka)")
-	vs := flag.String("vs", "", "another tierfs binary to measure --cm of, beside -tierfs (to compare two builds)")
+	vs := flag.String("vs", "", "other tierfs binaries (comma-separated) to measure --cm of, beside -tierfs (to compare builds)")
 	fsType := flag.String("fs", "ext4", "measure on a fresh file system of this type (mkfs.TYPE on a loop device, as root); \"\" for a directory in /var/tmp")
 	flag.Parse()
 	work, err := os.MkdirTemp("/var/tmp", "tierfs-bench-cm-")
@@ -80,7 +80,9 @@ func main() {
 		{name: "tierfs --cm --cm-exclude '*.tmp'", args: []string{"--cm", "--cm-exclude", "*.tmp"}},
 	}
 	if *vs != "" {
-		configs = append(configs, config{name: "tierfs --cm (" + *vs + ")", args: []string{"--cm"}, bin: *vs})
+		for _, b := range strings.Split(*vs, ",") {
+			configs = append(configs, config{name: "tierfs --cm (" + b + ")", args: []string{"--cm"}, bin: b})
+		}
 	}
 	workloads := []struct {
 		name string
