@@ -222,14 +222,14 @@ const (
 // path.
 func (m *Manager) takeAway(dfd int, name, rel, how string) (string, error) {
 	tmp := m.tmpName(how, rel)
-	full := filepath.Join(m.dir, tmp)
 	var err error
 	if how == tmpMove {
-		err = unix.Renameat(dfd, name, unix.AT_FDCWD, full)
+		err = unix.Renameat(dfd, name, m.dirFd, tmp)
 	} else {
-		err = unix.Linkat(dfd, name, unix.AT_FDCWD, full, 0)
+		err = unix.Linkat(dfd, name, m.dirFd, tmp, 0)
 	}
 	if errors.Is(err, unix.EXDEV) {
+		full := filepath.Join(m.dir, tmp)
 		// The cmroot is on another file system: copy, then (for a move)
 		// remove. An evicted file's copy is read from the store: its
 		// inode, which keeps the objects, does not come along.
@@ -257,7 +257,7 @@ func (m *Manager) tmpName(how, rel string) string {
 // dropTmp removes an original taken for a change that did not happen.
 func (m *Manager) dropTmp(tmp string) {
 	if tmp != "" {
-		os.Remove(filepath.Join(m.dir, tmp))
+		unix.Unlinkat(m.dirFd, tmp, 0)
 	}
 }
 

@@ -72,6 +72,7 @@ type Manager struct {
 	readyErr error
 	root     string          // the tree, as reachable by this process
 	dir      string          // the cmroot
+	dirFd    int             // an O_PATH descriptor of it
 	madeDirs map[string]bool // directories of files/ made; GUARDED_BY(mu)
 	dirName  string          // the cmroot as the kernel names it (no /proc links)
 	log      *eventLog
@@ -194,10 +195,17 @@ func (m *Manager) open() error {
 			return fmt.Errorf("cmroot %s: %w", m.dir, err)
 		}
 	}
+	// Changes work in the cmroot relative to a descriptor of it: its
+	// path is often through /proc/self/fd (the mount hides the backing
+	// dir), and the kernel would walk and revalidate that at every step.
+	fd, err := unix.Open(m.dir, unix.O_PATH|unix.O_DIRECTORY|unix.O_CLOEXEC, 0)
+	if err != nil {
+		return fmt.Errorf("cmroot %s: %w", m.dir, err)
+	}
+	m.dirFd = fd
 	if d, err := filepath.EvalSymlinks(m.dir); err == nil {
 		m.dirName = d
 	}
-	var err error
 	if m.log, err = openLog(filepath.Join(m.dir, "events")); err != nil {
 		return err
 	}
@@ -290,6 +298,7 @@ func (m *Manager) close() error {
 	if cerr := m.log.close(); err == nil {
 		err = cerr
 	}
+	unix.Close(m.dirFd)
 	return err
 }
 

@@ -2,10 +2,12 @@ package cm
 
 import (
 	"errors"
+	"fmt"
 	"net/url"
 	"os"
 	"path/filepath"
 	"runtime"
+	"strconv"
 	"strings"
 	"sync"
 	"time"
@@ -116,12 +118,11 @@ func (m *Manager) flushFiler() {
 // fileOne names one original by its checksum. On failure the original
 // stays in tmp and is filed at the next start.
 func (m *Manager) fileOne(j fileJob) {
-	full := filepath.Join(m.dir, j.tmp)
-	sum, st, err := m.sumRetained(full)
+	sum, st, err := m.sumRetained(j.tmp)
 	var name string
 	var fresh bool
 	if err == nil {
-		name, fresh, err = m.keep(full, j.rel, sum, j.at, &st)
+		name, fresh, err = m.keep(j.tmp, j.rel, sum, j.at, &st)
 	}
 	if err != nil {
 		m.stats.Errors.Add(1)
@@ -134,10 +135,10 @@ func (m *Manager) fileOne(j fileJob) {
 	// Until it has moved, by-sum/<sum> reads it.
 	m.record(Event{Type: EvFiled, Ref: j.id, Path: j.rel, Sum: sum, Name: name, Size: st.Size})
 	if !fresh {
-		os.Remove(full)
+		unix.Unlinkat(m.dirFd, j.tmp, 0)
 		return
 	}
-	if err := m.moveIn(full, name); err != nil {
+	if err := m.moveIn(j.tmp, name); err != nil {
 		m.stats.Errors.Add(1)
 		m.cfg.Log.Error("cm: retained original not moved to its name; by-sum has it, and the next start moves it", "path", j.rel, "name", name, "err", err)
 	} else if isCopy(j.tmp) {
@@ -150,28 +151,39 @@ func isCopy(tmp string) bool {
 	return strings.HasPrefix(filepath.Base(tmp), tmpCopy+"-")
 }
 
-// sumRetained is the checksum and stat of an original in tmp. Its
-// checksum is not cached on it: nothing hashes a retained original again.
-func (m *Manager) sumRetained(full string) (string, unix.Stat_t, error) {
-	fd, st, err := openRegular(full)
+// sumRetained is the checksum and stat of an original in tmp (tmp is its
+// cmroot name). Its checksum is not cached on it: nothing hashes a
+// retained original again.
+func (m *Manager) sumRetained(tmp string) (string, unix.Stat_t, error) {
+	var st unix.Stat_t
+	fd, err := unix.Openat(m.dirFd, tmp, unix.O_RDONLY|unix.O_NOFOLLOW|unix.O_CLOEXEC, 0)
 	if err != nil {
-		return "", st, err
+		return "", st, &os.PathError{Op: "open", Path: tmp, Err: err}
 	}
 	defer unix.Close(fd)
-	sum, _, err := m.sumOpen(fd, full, &st)
+	if err := unix.Fstat(fd, &st); err != nil {
+		return "", st, err
+	}
+	if st.Mode&unix.S_IFMT != unix.S_IFREG {
+		return "", st, fmt.Errorf("%s: not a regular file", tmp)
+	}
+	// The store reads an evicted one by a path (its tierer state is an
+	// attribute); the descriptor's is one.
+	sum, _, err := m.sumOpen(fd, "/proc/self/fd/"+strconv.Itoa(fd), &st)
 	return sum, st, err
 }
 
-// keep decides the cmroot name of the original at full (of path rel,
+// keep decides the cmroot name of the original at tmp (of path rel,
 // checksum sum, stat st, retained at at). Content already retained is
 // kept once: fresh is false, and the original can go. Otherwise the
 // original is linked as by-sum/<sum>, which says the content is
 // retained, and fresh is true: the caller moves it to name.
-func (m *Manager) keep(full, rel, sum string, at time.Time, st *unix.Stat_t) (name string, fresh bool, err error) {
+func (m *Manager) keep(tmp, rel, sum string, at time.Time, st *unix.Stat_t) (name string, fresh bool, err error) {
 	m.mu.Lock()
 	defer m.mu.Unlock()
 	if rc, ok := m.retained[sum]; ok {
-		if _, err := os.Lstat(filepath.Join(m.dir, "by-sum", sum)); err == nil {
+		var kept unix.Stat_t
+		if unix.Fstatat(m.dirFd, "by-sum/"+sum, &kept, unix.AT_SYMLINK_NOFOLLOW) == nil {
 			if at.After(rc.last) {
 				rc.last = at
 			}
@@ -179,8 +191,8 @@ func (m *Manager) keep(full, rel, sum string, at time.Time, st *unix.Stat_t) (na
 			return rc.name, false, nil
 		}
 	}
-	if err := os.Link(full, filepath.Join(m.dir, "by-sum", sum)); err != nil && !errors.Is(err, os.ErrExist) {
-		return "", false, err
+	if err := unix.Linkat(m.dirFd, tmp, m.dirFd, "by-sum/"+sum, 0); err != nil && !errors.Is(err, unix.EEXIST) {
+		return "", false, &os.LinkError{Op: "link", Old: tmp, New: "by-sum/" + sum, Err: err}
 	}
 	rc := &retainedCopy{name: "files/" + rel + "_" + sum, bytes: st.Blocks * 512, last: at}
 	m.retained[sum] = rc
@@ -191,12 +203,11 @@ func (m *Manager) keep(full, rel, sum string, at time.Time, st *unix.Stat_t) (na
 	return rc.name, true, nil
 }
 
-// moveIn renames the original at full to its cmroot name, making the
-// directory it goes in (once: the cleaner may remove one since, and then
-// it is made again).
-func (m *Manager) moveIn(full, name string) error {
-	dst := filepath.Join(m.dir, name)
-	dir := filepath.Dir(dst)
+// moveIn renames the original at tmp to its cmroot name (both relative to
+// the cmroot), making the directory it goes in (once: the cleaner may
+// remove one since, and then it is made again).
+func (m *Manager) moveIn(tmp, name string) error {
+	dir := filepath.Join(m.dir, filepath.Dir(name))
 	m.mu.Lock()
 	made := m.madeDirs[dir]
 	m.mu.Unlock()
@@ -205,14 +216,14 @@ func (m *Manager) moveIn(full, name string) error {
 			return err
 		}
 	}
-	err := os.Rename(full, dst)
-	if errors.Is(err, os.ErrNotExist) {
+	err := unix.Renameat(m.dirFd, tmp, m.dirFd, name)
+	if errors.Is(err, unix.ENOENT) {
 		if err = os.MkdirAll(dir, 0o700); err == nil {
-			err = os.Rename(full, dst)
+			err = unix.Renameat(m.dirFd, tmp, m.dirFd, name)
 		}
 	}
 	if err != nil {
-		return err
+		return &os.LinkError{Op: "rename", Old: tmp, New: name, Err: err}
 	}
 	m.mu.Lock()
 	m.madeDirs[dir] = true
@@ -306,7 +317,7 @@ func (m *Manager) recoverTmp() error {
 				m.fileOne(fileJob{id: ev.ID, tmp: name, rel: retainedPath(ev), at: time.Unix(0, ev.TimeNs)})
 			case e.Type().IsRegular() && filedAs != "" && !exists(filepath.Join(m.dir, filedAs)):
 				// Filed, but the crash came before it moved to its name.
-				if err := m.moveIn(full, filedAs); err != nil {
+				if err := m.moveIn(name, filedAs); err != nil {
 					m.cfg.Log.Error("cm: retained original not moved to its name; by-sum has it", "event", ev.ID, "name", filedAs, "err", err)
 				}
 			default:

@@ -8,11 +8,12 @@
 // Workloads (each op is one iteration of the pattern):
 //
 //	files: create a file, write 4 KiB, rename it over another, unlink that
-//	kafka: a segment roll as a Kafka broker does it: create the next .log
-//	       (64 KiB appended), its .index (preallocated 10 MiB, 4 KiB
-//	       written, trimmed), a checkpoint written as .tmp, fsynced and
-//	       renamed over the old one; then the segment three rolls back is
-//	       renamed to .deleted and its files unlinked (retention).
+//	kafka: a segment roll as a Kafka broker does it: the active segment's
+//	       .index is trimmed and the segment fsynced, the next .log and
+//	       .index (preallocated 10 MiB) are created, get 64 KiB and 4 KiB,
+//	       a checkpoint is written as .tmp, fsynced and renamed over the
+//	       old one; then the segment three rolls back is renamed to
+//	       .deleted and its files unlinked (retention).
 package main
 
 import (
@@ -164,7 +165,7 @@ func main() {
 		Name:  "cm",
 		Title: "Change management: the cost of --cm",
 		Notes: []string{fmt.Sprintf("%d runs of %d ops each, in %d bursts per run that the configurations take turns at, on %s (medians; ratios are medians of per-run ratios to tierfs without cm); %s. "+
-			"files: create, write 4 KiB, rename over another, unlink every second; kafka: a segment roll as a broker does it (.log, preallocated and trimmed .index, checkpoint .tmp renamed over, retention of the segment three rolls back).", *runs, *ops, *bursts, where, benchutil.Machine())},
+			"files: create, write 4 KiB, rename over another, unlink every second; kafka: a segment roll as a broker does it (the rolled segment's .index trimmed and the segment fsynced, a new .log and preallocated .index, checkpoint .tmp fsynced and renamed over, retention of the segment three rolls back).", *runs, *ops, *bursts, where, benchutil.Machine())},
 		Header: []string{"configuration"},
 	}
 	for _, w := range workloads {
@@ -278,21 +279,52 @@ func kafkaRolls(dir string, n int) error {
 	batch := bytes.Repeat([]byte("record"), 64<<10/6)
 	entry := make([]byte, 4096)
 	cp := filepath.Join(dir, "recovery-point-offset-checkpoint")
-	for i := 0; i < n; i++ {
-		base := filepath.Join(part, fmt.Sprintf("%020d", i*1000))
-		batch[0] = byte(i) // every segment different, as in a real log
-		if err := os.WriteFile(base+".log", batch, 0o644); err != nil {
-			return err
+	// The active segment's files stay open, as a broker keeps them.
+	var activeLog, activeIndex *os.File
+	defer func() {
+		if activeLog != nil {
+			activeLog.Close()
+			activeIndex.Close()
 		}
-		ix, err := os.OpenFile(base+".index", os.O_RDWR|os.O_CREATE, 0o644)
+	}()
+	for i := 0; i < n; i++ {
+		// The roll: the index of the segment that was active is trimmed
+		// to its entries, and the segment flushed (Kafka schedules that
+		// at once, UnifiedLog.roll), so what retention deletes later is
+		// on disk, as it is in a broker.
+		if activeLog != nil {
+			activeIndex.Truncate(4096)
+			for _, f := range []*os.File{activeLog, activeIndex} {
+				if err := f.Sync(); err != nil {
+					return err
+				}
+				f.Close()
+			}
+			activeLog, activeIndex = nil, nil
+		}
+		base := filepath.Join(part, fmt.Sprintf("%020d", i*1000))
+		lf, err := os.OpenFile(base+".log", os.O_RDWR|os.O_CREATE|os.O_EXCL, 0o644)
 		if err != nil {
 			return err
 		}
-		ix.Truncate(10 << 20)
+		ix, err := os.OpenFile(base+".index", os.O_RDWR|os.O_CREATE|os.O_EXCL, 0o644)
+		if err != nil {
+			lf.Close()
+			return err
+		}
+		activeLog, activeIndex = lf, ix
+		if err := ix.Truncate(10 << 20); err != nil { // preallocated
+			return err
+		}
+		// What the segment gets while it is active.
+		batch[0] = byte(i) // every segment different, as in a real log
+		if _, err := lf.Write(batch); err != nil {
+			return err
+		}
 		entry[0] = byte(i)
-		ix.WriteAt(entry, 0)
-		ix.Truncate(4096)
-		ix.Close()
+		if _, err := ix.WriteAt(entry, 0); err != nil {
+			return err
+		}
 		tmp, err := os.Create(cp + ".tmp")
 		if err != nil {
 			return err
