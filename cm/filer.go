@@ -2,7 +2,6 @@ package cm
 
 import (
 	"errors"
-	"fmt"
 	"net/url"
 	"os"
 	"path/filepath"
@@ -155,18 +154,11 @@ func isCopy(tmp string) bool {
 // cmroot name). Its checksum is not cached on it: nothing hashes a
 // retained original again.
 func (m *Manager) sumRetained(tmp string) (string, unix.Stat_t, error) {
-	var st unix.Stat_t
-	fd, err := unix.Openat(m.dirFd, tmp, unix.O_RDONLY|unix.O_NOFOLLOW|unix.O_CLOEXEC, 0)
+	fd, st, err := openRegular(m.dirFd, tmp)
 	if err != nil {
-		return "", st, &os.PathError{Op: "open", Path: tmp, Err: err}
-	}
-	defer unix.Close(fd)
-	if err := unix.Fstat(fd, &st); err != nil {
 		return "", st, err
 	}
-	if st.Mode&unix.S_IFMT != unix.S_IFREG {
-		return "", st, fmt.Errorf("%s: not a regular file", tmp)
-	}
+	defer unix.Close(fd)
 	// The store reads an evicted one by a path (its tierer state is an
 	// attribute); the descriptor's is one.
 	sum, _, err := m.sumOpen(fd, "/proc/self/fd/"+strconv.Itoa(fd), &st)

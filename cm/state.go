@@ -304,7 +304,7 @@ func (m *Manager) sumAll(s *snapshot) error {
 // sumPrefix is the checksum of the first n bytes of the file at path,
 // followed by zeros zero bytes.
 func (m *Manager) sumPrefix(path string, n, zeros int64) (string, error) {
-	fd, st, err := openRegular(path)
+	fd, st, err := openRegular(unix.AT_FDCWD, path)
 	if err != nil {
 		return "", err
 	}

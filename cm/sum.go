@@ -137,13 +137,14 @@ func contentAt(remote Remote, path string, fd int, size int64) (io.Reader, func(
 	return io.NewSectionReader(fdReader(fd), 0, size), func() {}, nil
 }
 
-// openRegular opens the file at path for reading, without following a
-// symlink, and stats it; it must be a regular file. A raw descriptor: the
-// runtime's poller has nothing to do with a regular file, and os.File
-// would ask it (and set and clear O_NONBLOCK) on every open.
-func openRegular(path string) (int, unix.Stat_t, error) {
+// openRegular opens the file at path (relative to the directory dfd, or
+// unix.AT_FDCWD) for reading, without following a symlink, and stats it;
+// it must be a regular file. A raw descriptor: the runtime's poller has
+// nothing to do with a regular file, and os.File would ask it (and set
+// and clear O_NONBLOCK) on every open.
+func openRegular(dfd int, path string) (int, unix.Stat_t, error) {
 	var st unix.Stat_t
-	fd, err := unix.Open(path, unix.O_RDONLY|unix.O_NOFOLLOW|unix.O_CLOEXEC, 0)
+	fd, err := unix.Openat(dfd, path, unix.O_RDONLY|unix.O_NOFOLLOW|unix.O_CLOEXEC, 0)
 	if err != nil {
 		return -1, st, &os.PathError{Op: "open", Path: path, Err: err}
 	}
@@ -180,7 +181,7 @@ func (m *Manager) sumOpen(fd int, path string, st *unix.Stat_t) (sum string, com
 // sumFile returns the checksum of the file at path, from the cache or by
 // reading it (through the store when it was evicted), and caches it.
 func (m *Manager) sumFile(path string) (string, int64, error) {
-	fd, st, err := openRegular(path)
+	fd, st, err := openRegular(unix.AT_FDCWD, path)
 	if err != nil {
 		return "", 0, err
 	}
