@@ -125,7 +125,7 @@ func New(cfg Config) *Manager {
 	if cfg.Now == nil {
 		cfg.Now = time.Now
 	}
-	m := &Manager{cfg: cfg, ready: make(chan struct{}), retained: map[string]*retainedCopy{}, dirty: map[string]bool{}, madeDirs: map[string]bool{}, stop: make(chan struct{})}
+	m := &Manager{cfg: cfg, ready: make(chan struct{}), dirFd: -1, retained: map[string]*retainedCopy{}, dirty: map[string]bool{}, madeDirs: map[string]bool{}, stop: make(chan struct{})}
 	m.filer.cond = sync.NewCond(&m.filer.mu)
 	return m
 }
@@ -139,6 +139,9 @@ func (m *Manager) Attach(root, dir string) error {
 	m.readyErr = err
 	close(m.ready)
 	if err != nil {
+		if m.dirFd >= 0 {
+			unix.Close(m.dirFd)
+		}
 		return err
 	}
 	m.wg.Add(2)
