@@ -372,8 +372,7 @@ func (p *plan) copyVerified(dfd int, rel string, pfd int, base string, l FileLin
 	if err != nil {
 		return false, err
 	}
-	in := os.NewFile(uintptr(fd), rel)
-	defer in.Close()
+	defer unix.Close(fd)
 	var st unix.Stat_t
 	if err := unix.Fstat(fd, &st); err != nil {
 		return false, err
