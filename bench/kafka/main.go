@@ -13,6 +13,9 @@ import (
 	"context"
 	"flag"
 	"fmt"
+	"io"
+	"net"
+	"net/http"
 	"os"
 	"path/filepath"
 	"regexp"
@@ -21,6 +24,7 @@ import (
 
 	"github.com/twmb/franz-go/pkg/kadm"
 	"github.com/twmb/franz-go/pkg/kgo"
+	"golang.org/x/sys/unix"
 
 	"github.com/tierfs/tierfs/bench/internal/benchutil"
 	"github.com/tierfs/tierfs/e2e/kafka"
@@ -33,7 +37,29 @@ func main() {
 	segmentBytes := flag.String("segment-bytes", "16MiB", "log.segment.bytes (the e2e tests use 1MiB; Kafka's default is 1GiB)")
 	flushMs := flag.Int64("flush-ms", 0, "log.flush.interval.ms, a forced fsync this often (0: Kafka's default, none; the e2e tests use 1000)")
 	only := flag.String("only", "", "run only the configurations whose name matches this regexp (the plain directory always runs)")
+	fsType := flag.String("fs", "ext4", "run the brokers on a fresh file system of this type (mkfs.TYPE on a loop device, as root); \"\" for a directory in $TMPDIR")
+	mountFlags := flag.String("mount-flags", "", "more tierfs mount flags for every mount, space-separated (e.g. --debug-fuse, whose log stays in the mount's tierfs.log only while the bench runs)")
+	metricsDir := flag.String("metrics", "", "write each mount's metrics (Prometheus text) to this directory after the produce runs, to see where its time went")
 	flag.Parse()
+
+	// What to undo on the way out, newest first, also when a measurement
+	// fails: brokers, mounts and the file system they are on.
+	var undo []func()
+	fail := func(err error) {
+		for i := len(undo) - 1; i >= 0; i-- {
+			undo[i]()
+		}
+		undo = nil
+		if err != nil {
+			fmt.Fprintln(os.Stderr, "bench-kafka:", err)
+			os.Exit(1)
+		}
+	}
+	check := func(err error) {
+		if err != nil {
+			fail(err)
+		}
+	}
 	segBytes, err := benchutil.ParseSize(*segmentBytes)
 	check(err)
 	props := map[string]string{"log.segment.bytes": fmt.Sprint(segBytes), "log.flush.interval.ms": "9223372036854775807"}
@@ -45,9 +71,24 @@ func main() {
 	}
 	tierfsBin, err := filepath.Abs(*bin)
 	check(err)
-	dir, err := os.MkdirTemp("", "bench-kafka-")
+	tmp := "" // $TMPDIR
+	if *fsType != "" {
+		tmp = "/var/tmp" // the image: not in a tmpfs
+	}
+	dir, err := os.MkdirTemp(tmp, "bench-kafka-")
 	check(err)
-	defer os.RemoveAll(dir)
+	top := dir
+	undo = append(undo, func() { os.RemoveAll(top) })
+	where := "a directory in " + filepath.Dir(dir)
+	if *fsType != "" {
+		// Sparse: it takes what the brokers write (a few GB at most).
+		fsDir, done, err := benchutil.FreshFS(dir, *fsType, 64<<30)
+		if err != nil {
+			fail(fmt.Errorf("-fs %s: %w (-fs \"\" runs in $TMPDIR instead)", *fsType, err))
+		}
+		undo = append(undo, done)
+		dir, where = fsDir, "a fresh "+*fsType+" file system (mkfs defaults, on a loop device)"
+	}
 
 	type config struct {
 		name   string
@@ -79,33 +120,51 @@ func main() {
 		config
 		logDir                              string
 		br                                  *kafka.Broker
-		stop                                func()
+		metrics                             string // the mount's metrics address, with -metrics
 		streams                             []kafka.Stream
 		produceMBs, consumeMBs, consumeRecs []float64
 	}
 	var setups []*setup
-	// All brokers run at once and every run measures them in turn, so
-	// the ratios compare measurements taken moments apart.
+	// All brokers run at once and every run measures them in turn, in an
+	// order that rotates from run to run, so the ratios compare
+	// measurements taken moments apart and whatever drifts during a run
+	// falls on all of them alike.
 	for ci, cfg := range configs {
-		su := &setup{config: cfg, logDir: filepath.Join(dir, fmt.Sprint(ci), "logs"), stop: func() {}}
+		su := &setup{config: cfg, logDir: filepath.Join(dir, fmt.Sprint(ci), "logs")}
 		check(os.MkdirAll(su.logDir, 0o755))
 		if cfg.mount != nil {
 			backing := filepath.Join(dir, fmt.Sprint(ci), "backing")
 			check(os.MkdirAll(backing, 0o755))
-			su.stop, err = benchutil.Mount(tierfsBin, filepath.Join(dir, fmt.Sprint(ci), "tierfs.log"), nil, append(append([]string{"--backing", backing}, cfg.mount...), su.logDir)...)
+			var env []string
+			if *metricsDir != "" {
+				su.metrics, err = freeAddr()
+				check(err)
+				env = append(env, "TIERFS_METRICS_LISTEN="+su.metrics)
+			}
+			stop, err := benchutil.Mount(tierfsBin, filepath.Join(dir, fmt.Sprint(ci), "tierfs.log"), env, append(append(append([]string{"--backing", backing}, cfg.mount...), strings.Fields(*mountFlags)...), su.logDir)...)
 			check(err)
+			undo = append(undo, stop)
 		}
 		work := filepath.Join(dir, fmt.Sprint(ci), "broker")
 		su.br, err = kafka.Start(kafka.Options{LogDir: su.logDir, MetadataDir: filepath.Join(work, "metadata"), WorkDir: work, Props: props})
 		check(err)
+		br := su.br
+		undo = append(undo, func() { br.Stop() })
 		setups = append(setups, su)
 	}
+	// turn is the setup measured k-th in run r.
+	turn := func(r, k int) *setup { return setups[(k+r)%len(setups)] }
 	for r := range *runs {
-		for _, su := range setups {
+		for k := range setups {
+			su := turn(r, k)
 			s := kafka.Stream{Topic: fmt.Sprintf("bench-%d", r), Size: 1000}
 			su.streams = append(su.streams, s)
-			createTopic(su.br, s.Topic)
-			c := newClient(su.br, kafka.ProducerOpts()...)
+			check(createTopic(su.br, s.Topic))
+			c, err := newClient(su.br, kafka.ProducerOpts()...)
+			check(err)
+			// Each produce starts with nothing left to write back from
+			// the one before, which would otherwise fall on this one.
+			unix.Sync()
 			var perr error
 			d := benchutil.Time(func() { perr = kafka.Produce(context.Background(), c, s, 0, *records) })
 			c.Close()
@@ -113,6 +172,15 @@ func main() {
 			// Keys and values: 11 + 1000 bytes a record.
 			su.produceMBs = append(su.produceMBs, float64(*records)*1011/1e6/d.Seconds())
 			fmt.Fprintf(os.Stderr, "run %d, %s: produce %.1f MB/s\n", r+1, su.name, su.produceMBs[r])
+		}
+	}
+	if *metricsDir != "" {
+		check(os.MkdirAll(*metricsDir, 0o755))
+		for ci, su := range setups {
+			if su.metrics != "" {
+				check(saveMetrics(su.metrics, filepath.Join(*metricsDir, fmt.Sprintf("%d.prom", ci))))
+				fmt.Fprintf(os.Stderr, "%s: metrics in %s\n", su.name, filepath.Join(*metricsDir, fmt.Sprintf("%d.prom", ci)))
+			}
 		}
 	}
 	for _, su := range setups {
@@ -124,10 +192,12 @@ func main() {
 		}
 	}
 	for r := range *runs {
-		for _, su := range setups {
+		for k := range setups {
+			su := turn(r, k)
 			s := su.streams[r]
 			benchutil.DropCaches()
-			c := newClient(su.br, kafka.ConsumerOpts(s)...)
+			c, err := newClient(su.br, kafka.ConsumerOpts(s)...)
+			check(err)
 			var got kafka.Consumed
 			var cerr error
 			d := benchutil.Time(func() {
@@ -144,9 +214,9 @@ func main() {
 		if p := su.br.Problems(); len(p) > 0 {
 			check(fmt.Errorf("%s: the broker logged:\n%s", su.name, strings.Join(p, "\n")))
 		}
-		check(su.br.Stop())
-		su.stop()
 	}
+	// Brokers stop before their mounts, and both before the file system.
+	fail(nil)
 
 	base := setups[0]
 	flushNote := "no forced fsync (Kafka's default)"
@@ -156,22 +226,59 @@ func main() {
 	rep := benchutil.Report{
 		Name:  "kafka",
 		Title: "A real Kafka broker on tierfs",
-		Notes: []string{fmt.Sprintf("Kafka %s broker (KRaft, one node), log.segment.bytes %s, %s, %d records of 1 KB per topic, medians of %d runs (ratios: median of per-run ratios to the plain directory); consume is from offset 0 with the page cache dropped, so evicted segments come from the store; %s.",
-			kafkaVersion(), *segmentBytes, flushNote, *records, *runs, benchutil.Machine())},
-		Header:   []string{"configuration", "produce MB/s", "× plain", "consume from 0, MB/s", "records/s", "× plain"},
+		Notes: []string{fmt.Sprintf("Kafka %s broker (KRaft, one node), log.segment.bytes %s, %s, %d records of 1 KB per topic, medians of %d runs (ratios: median of per-run ratios to the plain directory; × mount: to tierfs without a remote or cm); the brokers run at once on %s and take turns, in an order that rotates, each produce starting with nothing dirty; consume is from offset 0 with the page cache dropped, so evicted segments come from the store; %s.",
+			kafkaVersion(), *segmentBytes, flushNote, *records, *runs, where, benchutil.Machine())},
+		Header:   []string{"configuration", "produce MB/s", "× plain", "× mount", "consume from 0, MB/s", "records/s", "× plain"},
 		Versions: map[string]string{"Kafka": kafkaVersion(), "versitygw": "v1.8.0"},
+	}
+	var mount *setup
+	for _, su := range setups {
+		if su.name == "tierfs, no remote" {
+			mount = su
+		}
 	}
 	produce := benchutil.Chart{Title: "Kafka produce", Unit: "MB/s"}
 	consume := benchutil.Chart{Title: "Kafka consume from offset 0", Unit: "MB/s"}
 	for _, su := range setups {
+		vsMount := "–"
+		if mount != nil && su.mount != nil {
+			vsMount = fmt.Sprintf("%.2f", benchutil.Median(benchutil.Ratios(su.produceMBs, mount.produceMBs)))
+		}
 		rep.Rows = append(rep.Rows, []string{su.name,
-			fmt.Sprintf("%.0f", benchutil.Median(su.produceMBs)), fmt.Sprintf("%.2f", benchutil.Median(benchutil.Ratios(su.produceMBs, base.produceMBs))),
+			fmt.Sprintf("%.0f", benchutil.Median(su.produceMBs)), fmt.Sprintf("%.2f", benchutil.Median(benchutil.Ratios(su.produceMBs, base.produceMBs))), vsMount,
 			fmt.Sprintf("%.0f", benchutil.Median(su.consumeMBs)), fmt.Sprintf("%.0f", benchutil.Median(su.consumeRecs)), fmt.Sprintf("%.2f", benchutil.Median(benchutil.Ratios(su.consumeMBs, base.consumeMBs)))})
 		produce.Bars = append(produce.Bars, benchutil.Bar{Label: su.name, Value: benchutil.Median(su.produceMBs)})
 		consume.Bars = append(consume.Bars, benchutil.Bar{Label: su.name, Value: benchutil.Median(su.consumeMBs)})
 	}
 	rep.Charts = []benchutil.Chart{produce, consume}
-	check(rep.Emit())
+	if err := rep.Emit(); err != nil {
+		fmt.Fprintln(os.Stderr, "bench-kafka:", err)
+		os.Exit(1)
+	}
+}
+
+// freeAddr is a loopback address with a port nobody listens on now.
+func freeAddr() (string, error) {
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		return "", err
+	}
+	defer l.Close()
+	return l.Addr().String(), nil
+}
+
+// saveMetrics writes what a mount's metrics endpoint serves to path.
+func saveMetrics(addr, path string) error {
+	resp, err := http.Get("http://" + addr + "/metrics")
+	if err != nil {
+		return err
+	}
+	defer resp.Body.Close()
+	b, err := io.ReadAll(resp.Body)
+	if err != nil {
+		return err
+	}
+	return os.WriteFile(path, b, 0o644)
 }
 
 // allEvicted says whether every segment of a partition dir but the last
@@ -198,25 +305,19 @@ func kafkaVersion() string {
 	return strings.TrimSuffix(strings.TrimPrefix(filepath.Base(m[0]), "kafka_2.13-"), ".jar")
 }
 
-func newClient(br *kafka.Broker, opts ...kgo.Opt) *kgo.Client {
-	c, err := kgo.NewClient(append([]kgo.Opt{kgo.SeedBrokers(br.Addr)}, opts...)...)
-	check(err)
-	return c
+func newClient(br *kafka.Broker, opts ...kgo.Opt) (*kgo.Client, error) {
+	return kgo.NewClient(append([]kgo.Opt{kgo.SeedBrokers(br.Addr)}, opts...)...)
 }
 
-func createTopic(br *kafka.Broker, topic string) {
-	c := newClient(br)
+func createTopic(br *kafka.Broker, topic string) error {
+	c, err := newClient(br)
+	if err != nil {
+		return err
+	}
 	defer c.Close()
 	res, err := kadm.NewClient(c).CreateTopic(context.Background(), 1, 1, map[string]*string{"retention.ms": kadm.StringPtr("-1")}, topic)
 	if err == nil {
 		err = res.Err
 	}
-	check(err)
-}
-
-func check(err error) {
-	if err != nil {
-		fmt.Fprintln(os.Stderr, "bench-kafka:", err)
-		os.Exit(1)
-	}
+	return err
 }
