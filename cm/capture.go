@@ -145,7 +145,7 @@ func (m *Manager) Truncate(path, rel string, size int64) error {
 		return nil
 	}
 	ev := Event{Type: EvTruncate, Path: rel, NewSize: size}
-	if old, ok := m.holeTail(path, size); ok {
+	if old, ok := m.zeroTail(path, size); ok {
 		ev.ZeroTail, ev.OldSize = true, old
 		m.record(ev)
 		return nil
@@ -180,12 +180,20 @@ func (m *Manager) Written(rel string, oldSize, newSize int64, overwrote bool) {
 	}
 }
 
-// holeTail reports whether everything of the file at path past size is a
-// hole, and its size: then cutting it loses nothing but zeros. An evicted
-// file does not qualify: its holes are bytes in the store.
-func (m *Manager) holeTail(path string, size int64) (int64, bool) {
-	// Its own descriptor: the seek below moves the file offset. (A raw
-	// one: os.File costs five more system calls for the poller.)
+// maxZeroScan bounds how many data bytes past a cut zeroTail reads to
+// find them all zeros; a longer tail is retained as a copy.
+const maxZeroScan = 1 << 20
+
+// zeroTail reports whether everything of the file at path past size is
+// zeros, and its size: then cutting it loses nothing a restore cannot
+// make again. Holes are skipped (SEEK_DATA); what is data is read, up to
+// maxZeroScan bytes. Kafka trims a preallocated index to its entries,
+// which end inside a block: the rest of that block is zeros, the rest of
+// the file a hole. An evicted file does not qualify: its holes are bytes
+// in the store.
+func (m *Manager) zeroTail(path string, size int64) (int64, bool) {
+	// A raw descriptor: os.File costs five more system calls for the
+	// poller.
 	fd, err := unix.Open(path, unix.O_RDONLY|unix.O_CLOEXEC, 0)
 	if err != nil {
 		return 0, false
@@ -204,8 +212,46 @@ func (m *Manager) holeTail(path string, size int64) (int64, bool) {
 			return 0, false
 		}
 	}
-	_, err = unix.Seek(fd, size, unix.SEEK_DATA)
-	return st.Size, errors.Is(err, unix.ENXIO)
+	var buf []byte
+	scanned := int64(0)
+	for off := size; off < st.Size; {
+		data, err := unix.Seek(fd, off, unix.SEEK_DATA)
+		if errors.Is(err, unix.ENXIO) {
+			break // a hole up to the end
+		}
+		if err != nil {
+			return 0, false
+		}
+		end, err := unix.Seek(fd, data, unix.SEEK_HOLE)
+		if err != nil {
+			return 0, false
+		}
+		end = min(end, st.Size)
+		if scanned += end - data; scanned > maxZeroScan {
+			return 0, false
+		}
+		if buf == nil {
+			buf = make([]byte, 64<<10)
+		}
+		for data < end {
+			n, err := unix.Pread(fd, buf[:min(int64(len(buf)), end-data)], data)
+			if err != nil || n == 0 || !allZero(buf[:n]) {
+				return 0, false
+			}
+			data += int64(n)
+		}
+		off = end
+	}
+	return st.Size, true
+}
+
+func allZero(b []byte) bool {
+	for _, c := range b {
+		if c != 0 {
+			return false
+		}
+	}
+	return true
 }
 
 // How an original got into tmp; the prefix of its tmp name, so recovery

@@ -449,41 +449,97 @@ func (s *sim) under(dir string) []string {
 }
 
 // TestTrimOfAPreallocatedFileCopiesNothing: Kafka preallocates each index
-// (10 MiB of hole) and trims it at the roll. The trim retains no copy and
-// hashes nothing; the version before it is still restored exactly (its
-// zeros as a hole).
+// (10 MiB of hole) and trims it at the roll to its entries, which mostly
+// end inside a block. The trim retains no copy and hashes nothing; the
+// version before it is still restored exactly (its zeros as a hole).
 func TestTrimOfAPreallocatedFileCopiesNothing(t *testing.T) {
-	s := newSim(t, Config{})
-	s.write("00.index", 0, bytes.Repeat([]byte{7}, 4096))
-	s.truncate("00.index", 10<<20)
-	s.write("00.index", 4096, bytes.Repeat([]byte{8}, 4096))
-	before := s.snapshot()
-	at := s.m.log.lastID()
-	s.truncate("00.index", 8192)
-	evs, _ := s.m.Events("00.index", at+1, time.Time{}, 0)
-	if len(evs) != 1 || !evs[0].ZeroTail || evs[0].Retains() || evs[0].OldSize != 10<<20 {
-		t.Fatalf("trim event %+v", evs)
+	for _, tc := range []struct {
+		name    string
+		entries int // bytes of entries in the second block
+	}{
+		{"at a block's end", 4096},
+		{"inside a block", 184},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			s := newSim(t, Config{})
+			s.write("00.index", 0, bytes.Repeat([]byte{7}, 4096))
+			s.truncate("00.index", 10<<20)
+			s.write("00.index", 4096, bytes.Repeat([]byte{8}, tc.entries))
+			before := s.snapshot()
+			at := s.m.log.lastID()
+			cut := int64(4096 + tc.entries)
+			s.truncate("00.index", cut)
+			evs, _ := s.m.Events("00.index", at+1, time.Time{}, 0)
+			if len(evs) != 1 || !evs[0].ZeroTail || evs[0].Retains() || evs[0].OldSize != 10<<20 {
+				t.Fatalf("trim event %+v", evs)
+			}
+			if ents, _ := os.ReadDir(filepath.Join(s.m.Dir(), "tmp")); len(ents) != 0 {
+				t.Fatalf("something was copied: %v", ents)
+			}
+			dump, out := t.TempDir(), t.TempDir()
+			if _, err := s.m.Dump(dump, 0, at, true, s.root); err != nil {
+				t.Fatal(err)
+			}
+			if b, _ := os.ReadFile(filepath.Join(dump, "_files")); !strings.Contains(string(b), fmt.Sprintf("#%d+%d#", cut, 10<<20-cut)) {
+				t.Fatalf("_files: %s", b)
+			}
+			if _, err := Load(dump, out, LoadOptions{}); err != nil {
+				t.Fatal(err)
+			}
+			if d := diffTrees(before, readTree(t, out)); d != "" {
+				t.Fatalf("the version before the trim:\n%s", d)
+			}
+			var st unix.Stat_t
+			unix.Stat(filepath.Join(out, "00.index"), &st)
+			if st.Blocks*512 > 64<<10 {
+				t.Errorf("the loaded file's zeros were written out: %d bytes allocated", st.Blocks*512)
+			}
+		})
 	}
-	if ents, _ := os.ReadDir(filepath.Join(s.m.Dir(), "tmp")); len(ents) != 0 {
-		t.Fatalf("something was copied: %v", ents)
-	}
-	dump, out := t.TempDir(), t.TempDir()
-	if _, err := s.m.Dump(dump, 0, at, true, s.root); err != nil {
-		t.Fatal(err)
-	}
-	if b, _ := os.ReadFile(filepath.Join(dump, "_files")); !strings.Contains(string(b), "#8192+10477568#") {
-		t.Fatalf("_files: %s", b)
-	}
-	if _, err := Load(dump, out, LoadOptions{}); err != nil {
-		t.Fatal(err)
-	}
-	if d := diffTrees(before, readTree(t, out)); d != "" {
-		t.Fatalf("the version before the trim:\n%s", d)
-	}
-	var st unix.Stat_t
-	unix.Stat(filepath.Join(out, "00.index"), &st)
-	if st.Blocks*512 > 64<<10 {
-		t.Errorf("the loaded file's zeros were written out: %d bytes allocated", st.Blocks*512)
+}
+
+// TestTrimThatCutsBytesRetainsThem: a cut whose tail has a byte that is
+// not zero, in the cut block, in a later block, or past the scan limit,
+// retains a copy of the original.
+func TestTrimThatCutsBytesRetainsThem(t *testing.T) {
+	for _, tc := range []struct {
+		name string
+		at   int64 // where the last non-zero byte is
+		size int64 // the file's size before the cut
+	}{
+		{"in the cut block", 300, 10 << 20},
+		{"in a later block", 5 << 20, 10 << 20},
+		{"at the end", 10<<20 - 1, 10 << 20},
+		{"past the scan limit", 200 + maxZeroScan + 8192, 200 + maxZeroScan + 8193},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			s := newSim(t, Config{})
+			s.write("00.index", 0, bytes.Repeat([]byte{7}, 200))
+			s.truncate("00.index", tc.size)
+			if tc.name == "past the scan limit" {
+				// Zeros written out, not a hole: data all the way.
+				s.write("00.index", 200, make([]byte, maxZeroScan+8192))
+			}
+			s.write("00.index", tc.at, []byte{9})
+			before := s.snapshot()
+			at := s.m.log.lastID()
+			s.truncate("00.index", 200)
+			evs, _ := s.m.Events("00.index", at+1, time.Time{}, 0)
+			if len(evs) != 1 || evs[0].ZeroTail || !evs[0].Retains() {
+				t.Fatalf("trim event %+v", evs)
+			}
+			s.m.Flush()
+			dump, out := t.TempDir(), t.TempDir()
+			if _, err := s.m.Dump(dump, 0, at, true, s.root); err != nil {
+				t.Fatal(err)
+			}
+			if _, err := Load(dump, out, LoadOptions{}); err != nil {
+				t.Fatal(err)
+			}
+			if d := diffTrees(before, readTree(t, out)); d != "" {
+				t.Fatalf("the version before the trim:\n%s", d)
+			}
+		})
 	}
 }
 
