@@ -8,10 +8,12 @@
 // Workloads (each op is one iteration of the pattern):
 //
 //	files: create a file, write 4 KiB, rename it over another, unlink that
-//	kafka: a segment roll as a Kafka broker does it: the active segment's
-//	       .index is trimmed and the segment fsynced, the next .log and
-//	       .index (preallocated 10 MiB) are created, get 64 KiB and 4 KiB,
-//	       a checkpoint is written as .tmp, fsynced and renamed over the
+//	kafka: a segment roll as a Kafka broker does it: the indexes of the
+//	       active segment are opened again and trimmed to their entries,
+//	       and the segment fsynced; the next .log is created and gets
+//	       64 KiB, its .index and .timeindex are created, preallocated
+//	       (10 MiB) and get their entries (184 and 276 bytes); a
+//	       checkpoint is written as .tmp, fsynced and renamed over the
 //	       old one; then the segment three rolls back is renamed to
 //	       .deleted and its files unlinked (retention).
 package main
@@ -22,7 +24,6 @@ import (
 	"flag"
 	"fmt"
 	"os"
-	"os/exec"
 	"path/filepath"
 	"slices"
 	"strings"
@@ -67,7 +68,7 @@ func main() {
 	defer func() { fail(nil) }()
 	where := "a directory in /var/tmp"
 	if *fsType != "" {
-		dir, done, err := freshFS(work, *fsType)
+		dir, done, err := benchutil.FreshFS(work, *fsType, 8<<30)
 		if err != nil {
 			fail(fmt.Errorf("-fs %s: %w (-fs \"\" measures in /var/tmp instead)", *fsType, err))
 		}
@@ -165,7 +166,7 @@ func main() {
 		Name:  "cm",
 		Title: "Change management: the cost of --cm",
 		Notes: []string{fmt.Sprintf("%d runs of %d ops each, in %d bursts per run that the configurations take turns at, on %s (medians; ratios are medians of per-run ratios to tierfs without cm); %s. "+
-			"files: create, write 4 KiB, rename over another, unlink every second; kafka: a segment roll as a broker does it (the rolled segment's .index trimmed and the segment fsynced, a new .log and preallocated .index, checkpoint .tmp fsynced and renamed over, retention of the segment three rolls back).", *runs, *ops, *bursts, where, benchutil.Machine())},
+			"files: create, write 4 KiB, rename over another, unlink every second; kafka: a segment roll as a broker does it (the rolled segment's .index and .timeindex opened again and trimmed to their entries, the segment fsynced, a new .log and preallocated indexes, checkpoint .tmp fsynced and renamed over, retention of the segment three rolls back).", *runs, *ops, *bursts, where, benchutil.Machine())},
 		Header: []string{"configuration"},
 	}
 	for _, w := range workloads {
@@ -217,37 +218,6 @@ func setUp(bin, work string, c config) (dir string, done func(), err error) {
 	return mnt, unmount, nil
 }
 
-// freshFS makes a file system of type typ in an image file in work and
-// mounts it; the measurements run there, as a broker's log dir is on a
-// disk of its own. On a shared file system the results depend on what
-// else it did lately: ext4 without a journal, as the root file system of
-// this project's test machines is, skips every inode freed in the last
-// few minutes when it allocates one, so one configuration's creates
-// paid for another's (and an earlier program's) deletes.
-func freshFS(work, typ string) (string, func(), error) {
-	img, dir := filepath.Join(work, "fs.img"), filepath.Join(work, "fs")
-	if err := os.Mkdir(dir, 0o755); err != nil {
-		return "", nil, err
-	}
-	// Sparse: it takes what the measurements write, a few hundred MB.
-	if err := os.WriteFile(img, nil, 0o600); err != nil {
-		return "", nil, err
-	}
-	if err := os.Truncate(img, 8<<30); err != nil {
-		return "", nil, err
-	}
-	for _, cmd := range [][]string{{"mkfs." + typ, "-q", img}, {"mount", "-o", "loop", img, dir}} {
-		if out, err := exec.Command(cmd[0], cmd[1:]...).CombinedOutput(); err != nil {
-			return "", nil, fmt.Errorf("%s: %v: %s", strings.Join(cmd, " "), err, bytes.TrimSpace(out))
-		}
-	}
-	return dir, func() {
-		if out, err := exec.Command("umount", dir).CombinedOutput(); err != nil {
-			fmt.Fprintf(os.Stderr, "bench/cm: umount %s: %v: %s\n", dir, err, out)
-		}
-	}, nil
-}
-
 func files(dir string, n int) error {
 	buf := bytes.Repeat([]byte("x"), 4096)
 	if err := os.WriteFile(filepath.Join(dir, "target"), buf, 0o644); err != nil {
@@ -277,53 +247,62 @@ func kafkaRolls(dir string, n int) error {
 		return err
 	}
 	batch := bytes.Repeat([]byte("record"), 64<<10/6)
-	entry := make([]byte, 4096)
 	cp := filepath.Join(dir, "recovery-point-offset-checkpoint")
-	// The active segment's files stay open, as a broker keeps them.
-	var activeLog, activeIndex *os.File
+	// The active segment's log stays open, as a broker keeps it; its
+	// indexes are written through a mapping, which holds no descriptor.
+	var activeLog *os.File
 	defer func() {
 		if activeLog != nil {
 			activeLog.Close()
-			activeIndex.Close()
 		}
 	}()
 	for i := 0; i < n; i++ {
-		// The roll: the index of the segment that was active is trimmed
-		// to its entries, and the segment flushed (Kafka schedules that
-		// at once, UnifiedLog.roll), so what retention deletes later is
-		// on disk, as it is in a broker.
+		// The roll: the indexes of the segment that was active are
+		// opened again and trimmed to their entries (which end inside a
+		// block), and the segment is flushed (Kafka schedules that at
+		// once, UnifiedLog.roll), so what retention deletes later is on
+		// disk, as it is in a broker.
 		if activeLog != nil {
-			activeIndex.Truncate(4096)
-			for _, f := range []*os.File{activeLog, activeIndex} {
-				if err := f.Sync(); err != nil {
+			base := strings.TrimSuffix(activeLog.Name(), ".log")
+			for _, ix := range kafkaIndexes {
+				if err := reopen(base+ix.ext, os.O_RDWR, func(f *os.File) error { return f.Truncate(ix.entries) }); err != nil {
 					return err
 				}
-				f.Close()
 			}
-			activeLog, activeIndex = nil, nil
+			if err := activeLog.Sync(); err != nil {
+				return err
+			}
+			activeLog.Close()
+			activeLog = nil
+			for _, ix := range kafkaIndexes {
+				if err := reopen(base+ix.ext, os.O_RDONLY, (*os.File).Sync); err != nil {
+					return err
+				}
+			}
 		}
 		base := filepath.Join(part, fmt.Sprintf("%020d", i*1000))
 		lf, err := os.OpenFile(base+".log", os.O_RDWR|os.O_CREATE|os.O_EXCL, 0o644)
 		if err != nil {
 			return err
 		}
-		ix, err := os.OpenFile(base+".index", os.O_RDWR|os.O_CREATE|os.O_EXCL, 0o644)
-		if err != nil {
-			lf.Close()
-			return err
-		}
-		activeLog, activeIndex = lf, ix
-		if err := ix.Truncate(10 << 20); err != nil { // preallocated
-			return err
-		}
+		activeLog = lf
 		// What the segment gets while it is active.
 		batch[0] = byte(i) // every segment different, as in a real log
 		if _, err := lf.Write(batch); err != nil {
 			return err
 		}
-		entry[0] = byte(i)
-		if _, err := ix.WriteAt(entry, 0); err != nil {
-			return err
+		for _, ix := range kafkaIndexes {
+			err := reopen(base+ix.ext, os.O_RDWR|os.O_CREATE|os.O_EXCL, func(f *os.File) error {
+				if err := f.Truncate(ix.prealloc); err != nil {
+					return err
+				}
+				entries := bytes.Repeat([]byte{byte(i)}, int(ix.entries))
+				_, err := f.WriteAt(entries, 0)
+				return err
+			})
+			if err != nil {
+				return err
+			}
 		}
 		tmp, err := os.Create(cp + ".tmp")
 		if err != nil {
@@ -337,7 +316,7 @@ func kafkaRolls(dir string, n int) error {
 		}
 		if i >= 3 {
 			old := filepath.Join(part, fmt.Sprintf("%020d", (i-3)*1000))
-			for _, ext := range []string{".log", ".index"} {
+			for _, ext := range []string{".log", ".index", ".timeindex"} {
 				if err := os.Rename(old+ext, old+ext+".deleted"); err != nil {
 					return err
 				}
@@ -348,6 +327,31 @@ func kafkaRolls(dir string, n int) error {
 		}
 	}
 	return nil
+}
+
+// kafkaIndexes are a segment's indexes as a broker makes them: each
+// preallocated (segment.index.bytes, 10 MiB, rounded down to whole
+// entries) and trimmed to its entries at the roll, here 23 offset-index
+// entries of 8 bytes and as many time-index entries of 12.
+var kafkaIndexes = []struct {
+	ext               string
+	prealloc, entries int64
+}{
+	{".index", 10 << 20, 23 * 8},
+	{".timeindex", 10<<20 - 4, 23 * 12},
+}
+
+// reopen opens path with flags, runs fn on it and closes it.
+func reopen(path string, flags int, fn func(*os.File) error) error {
+	f, err := os.OpenFile(path, flags, 0o644)
+	if err != nil {
+		return err
+	}
+	err = fn(f)
+	if cerr := f.Close(); err == nil {
+		err = cerr
+	}
+	return err
 }
 
 // die ends the program: with an error, or (nil) normally.
