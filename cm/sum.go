@@ -3,6 +3,7 @@ package cm
 import (
 	"crypto/sha256"
 	"encoding/hex"
+	"errors"
 	"fmt"
 	"io"
 	"os"
@@ -107,21 +108,6 @@ type Remote interface {
 	OpenIfRemote(path string) (r io.ReaderAt, closer io.Closer, ok bool, err error)
 }
 
-// fdReader reads a file open at a descriptor with pread, leaving its
-// offset alone.
-type fdReader int
-
-func (f fdReader) ReadAt(p []byte, off int64) (int, error) {
-	n, err := unix.Pread(int(f), p, off)
-	if err != nil {
-		return 0, err
-	}
-	if n < len(p) {
-		return n, io.EOF
-	}
-	return n, nil
-}
-
 // contentAt returns a reader of the whole content of the file at path
 // (open at fd), from the store when it was evicted.
 func contentAt(remote Remote, path string, fd int, size int64) (io.Reader, func(), error) {
@@ -134,7 +120,69 @@ func contentAt(remote Remote, path string, fd int, size int64) (io.Reader, func(
 			return io.NewSectionReader(r, 0, size), func() { c.Close() }, nil
 		}
 	}
-	return io.NewSectionReader(fdReader(fd), 0, size), func() {}, nil
+	return &sparseReader{fd: fd, size: size}, func() {}, nil
+}
+
+// sparseReader reads the first size bytes of a file open at fd (which
+// its caller owns: it seeks it) with pread, except its holes: those it
+// gives as zeros without asking the kernel, which would copy a page of
+// zeros for each. A retained Kafka index is mostly hole.
+type sparseReader struct {
+	fd         int
+	off, size  int64
+	data, hole int64 // [off, data) is data and [off, hole) hole, as last found
+}
+
+func (r *sparseReader) Read(p []byte) (int, error) {
+	if r.off >= r.size {
+		return 0, io.EOF
+	}
+	p = p[:min(int64(len(p)), r.size-r.off)]
+	if r.off >= r.data && r.off >= r.hole {
+		r.classify()
+	}
+	if r.off < r.hole {
+		n := int(min(int64(len(p)), r.hole-r.off))
+		clear(p[:n])
+		r.off += int64(n)
+		return n, nil
+	}
+	n, err := unix.Pread(r.fd, p[:min(int64(len(p)), r.data-r.off)], r.off)
+	if err != nil {
+		return 0, err
+	}
+	if n == 0 {
+		return 0, io.ErrUnexpectedEOF // the file is shorter than size now
+	}
+	r.off += int64(n)
+	return n, nil
+}
+
+// classify finds whether the bytes at off are data or hole, and how far
+// that goes. Where the file system cannot say, everything is data.
+func (r *sparseReader) classify() {
+	data, err := unix.Seek(r.fd, r.off, unix.SEEK_DATA)
+	switch {
+	case errors.Is(err, unix.ENXIO): // a hole up to the end, or past it
+		var st unix.Stat_t
+		if unix.Fstat(r.fd, &st) == nil && st.Size >= r.size {
+			r.hole = r.size
+		} else {
+			r.data = r.size // the file shrank: pread says so
+		}
+		return
+	case err != nil:
+		r.data = r.size
+		return
+	case data > r.off:
+		r.hole = min(data, r.size)
+		return
+	}
+	end, err := unix.Seek(r.fd, r.off, unix.SEEK_HOLE)
+	if err != nil || end <= r.off {
+		end = r.size
+	}
+	r.data = min(end, r.size)
 }
 
 // openRegular opens the file at path (relative to the directory dfd, or
