@@ -44,7 +44,7 @@ bench-tier: build
 
 # A real Kafka broker: produce on a plain dir vs tierfs vs tierfs tiering; consume from 0, local vs evicted.
 bench-kafka: build
-	$(GO) run ./bench/kafka -tierfs $(BIN) -records $(or $(RECORDS),100000) -runs 3
+	$(GO) run ./bench/kafka -tierfs $(BIN) -records $(or $(RECORDS),400000) -runs $(or $(RUNS),5)
 
 # Change management's cost: files and Kafka-roll patterns, with and without --cm.
 bench-cm: build

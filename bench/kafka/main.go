@@ -1,12 +1,15 @@
 // Command kafka measures a real Kafka broker on tierfs (make bench-kafka):
-// produce throughput on a plain directory, on a mount without a remote and
-// on a mount that tiers to a dir store while it takes the writes; and
-// consumer throughput from offset 0 with every segment local (plain
-// directory, mount) and with every rolled segment evicted (mount with a
-// remote). The three brokers run at once; each run produces a topic of
-// its own on each in turn, then consumes them in turn, with the page
-// cache dropped before each consumer starts. Medians of -runs, with
-// ratios to the plain directory of the same run. Not a test.
+// produce throughput on a plain directory, on a mount without a remote,
+// on a mount with change management (--cm) and on a mount that tiers to a
+// dir store while it takes the writes; and consumer throughput from
+// offset 0 with every segment local (plain directory, mounts) and with
+// every rolled segment evicted (mount with a remote). The brokers run at
+// once, on a fresh file system (-fs); each run produces a topic of its
+// own on each in turn, in an order that rotates from run to run and with
+// nothing left dirty before each produce, then consumes them in turn,
+// with the page cache dropped before each consumer starts. Medians of
+// -runs, with ratios to the plain directory of the same run (and, for
+// produce, to the mount without a remote or cm). Not a test.
 package main
 
 import (
@@ -32,8 +35,8 @@ import (
 
 func main() {
 	bin := flag.String("tierfs", "bin/tierfs", "tierfs binary")
-	records := flag.Int("records", 100_000, "records per topic (1 KB values)")
-	runs := flag.Int("runs", 3, "runs (topics) per configuration")
+	records := flag.Int("records", 400_000, "records per topic (1 KB values)")
+	runs := flag.Int("runs", 5, "runs (topics) per configuration")
 	segmentBytes := flag.String("segment-bytes", "16MiB", "log.segment.bytes (the e2e tests use 1MiB; Kafka's default is 1GiB)")
 	flushMs := flag.Int64("flush-ms", 0, "log.flush.interval.ms, a forced fsync this often (0: Kafka's default, none; the e2e tests use 1000)")
 	only := flag.String("only", "", "run only the configurations whose name matches this regexp (the plain directory always runs)")
