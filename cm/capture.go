@@ -192,8 +192,8 @@ const maxZeroScan = 1 << 20
 // the file a hole. An evicted file does not qualify: its holes are bytes
 // in the store.
 func (m *Manager) zeroTail(path string, size int64) (int64, bool) {
-	// A raw descriptor: os.File costs five more system calls for the
-	// poller.
+	// Its own descriptor: the seeks below move the file offset. (A raw
+	// one: os.File costs five more system calls for the poller.)
 	fd, err := unix.Open(path, unix.O_RDONLY|unix.O_CLOEXEC, 0)
 	if err != nil {
 		return 0, false

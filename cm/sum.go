@@ -125,8 +125,8 @@ func contentAt(remote Remote, path string, fd int, size int64) (io.Reader, func(
 
 // sparseReader reads the first size bytes of a file open at fd (which
 // its caller owns: it seeks it) with pread, except its holes: those it
-// gives as zeros without asking the kernel, which would copy a page of
-// zeros for each. A retained Kafka index is mostly hole.
+// gives as zeros without reading them, which would fill the page cache
+// with pages of zeros. A retained Kafka index is mostly hole.
 type sparseReader struct {
 	fd         int
 	off, size  int64
