@@ -214,21 +214,9 @@ func (m *Manager) zeroTail(path string, size int64) (int64, bool) {
 	}
 	var buf []byte
 	scanned := int64(0)
-	for off := size; off < st.Size; {
-		data, err := unix.Seek(fd, off, unix.SEEK_DATA)
-		if errors.Is(err, unix.ENXIO) {
-			break // a hole up to the end
-		}
-		if err != nil {
-			return 0, false
-		}
-		end, err := unix.Seek(fd, data, unix.SEEK_HOLE)
-		if err != nil {
-			return 0, false
-		}
-		end = min(end, st.Size)
+	err = dataExtents(fd, size, st.Size, func(data, end int64) error {
 		if scanned += end - data; scanned > maxZeroScan {
-			return 0, false
+			return errNotZeros
 		}
 		if buf == nil {
 			buf = make([]byte, 64<<10)
@@ -236,14 +224,16 @@ func (m *Manager) zeroTail(path string, size int64) (int64, bool) {
 		for data < end {
 			n, err := unix.Pread(fd, buf[:min(int64(len(buf)), end-data)], data)
 			if err != nil || n == 0 || !allZero(buf[:n]) {
-				return 0, false
+				return errNotZeros
 			}
 			data += int64(n)
 		}
-		off = end
-	}
-	return st.Size, true
+		return nil
+	})
+	return st.Size, err == nil
 }
+
+var errNotZeros = errors.New("not all zeros")
 
 func allZero(b []byte) bool {
 	for _, c := range b {

@@ -15,29 +15,13 @@ func copySparse(in, out int, size int64) error {
 	if err := unix.IoctlFileClone(out, in); err == nil {
 		return nil
 	}
-	var off int64
-	for off < size {
-		data, err := unix.Seek(in, off, unix.SEEK_DATA)
-		if errors.Is(err, unix.ENXIO) {
-			break // only a hole is left
-		}
-		if err != nil {
-			return err
-		}
-		hole, err := unix.Seek(in, data, unix.SEEK_HOLE)
-		if err != nil {
-			return err
-		}
-		hole = min(hole, size)
+	err := dataExtents(in, 0, size, func(data, end int64) error {
 		roff, woff := data, data
-		for roff < hole {
-			n, err := unix.CopyFileRange(in, &roff, out, &woff, int(min(hole-roff, 1<<30)), 0)
+		for roff < end {
+			n, err := unix.CopyFileRange(in, &roff, out, &woff, int(min(end-roff, 1<<30)), 0)
 			if errors.Is(err, unix.EXDEV) || errors.Is(err, unix.EOPNOTSUPP) || errors.Is(err, unix.EINVAL) || errors.Is(err, unix.ENOSYS) {
 				// Across file systems that cannot: through a buffer.
-				if err := copyRange(in, out, roff, hole-roff); err != nil {
-					return err
-				}
-				break
+				return copyRange(in, out, roff, end-roff)
 			}
 			if err != nil {
 				return err
@@ -46,9 +30,41 @@ func copySparse(in, out int, size int64) error {
 				return errors.New("file shrank while it was copied")
 			}
 		}
-		off = hole
+		return nil
+	})
+	if err != nil {
+		return err
 	}
 	return unix.Ftruncate(out, size)
+}
+
+// dataExtents calls fn with each data extent [data, end) of the file open
+// at fd between off and size, in order, skipping holes (SEEK_DATA and
+// SEEK_HOLE; where the file system cannot tell, all is one extent). It
+// moves the descriptor's offset.
+func dataExtents(fd int, off, size int64, fn func(data, end int64) error) error {
+	for off < size {
+		data, err := unix.Seek(fd, off, unix.SEEK_DATA)
+		if errors.Is(err, unix.ENXIO) {
+			return nil // only a hole is left
+		}
+		if err != nil {
+			return err
+		}
+		if data >= size {
+			return nil
+		}
+		end, err := unix.Seek(fd, data, unix.SEEK_HOLE)
+		if err != nil {
+			return err
+		}
+		end = min(end, size)
+		if err := fn(data, end); err != nil {
+			return err
+		}
+		off = end
+	}
+	return nil
 }
 
 // copyRange copies n bytes at off from in to out with pread and pwrite.
