@@ -248,6 +248,17 @@ func kafkaRolls(dir string, n int) error {
 	}
 	batch := bytes.Repeat([]byte("record"), 64<<10/6)
 	cp := filepath.Join(dir, "recovery-point-offset-checkpoint")
+	// A segment's indexes as a broker makes them: each preallocated
+	// (segment.index.bytes, 10 MiB, rounded down to whole entries) and
+	// trimmed to its entries at the roll, here 23 offset-index entries
+	// of 8 bytes and as many time-index entries of 12.
+	kafkaIndexes := []struct {
+		ext               string
+		prealloc, entries int64
+	}{
+		{".index", 10 << 20, 23 * 8},
+		{".timeindex", 10<<20 - 4, 23 * 12},
+	}
 	// The active segment's log stays open, as a broker keeps it; its
 	// indexes are written through a mapping, which holds no descriptor.
 	var activeLog *os.File
@@ -327,18 +338,6 @@ func kafkaRolls(dir string, n int) error {
 		}
 	}
 	return nil
-}
-
-// kafkaIndexes are a segment's indexes as a broker makes them: each
-// preallocated (segment.index.bytes, 10 MiB, rounded down to whole
-// entries) and trimmed to its entries at the roll, here 23 offset-index
-// entries of 8 bytes and as many time-index entries of 12.
-var kafkaIndexes = []struct {
-	ext               string
-	prealloc, entries int64
-}{
-	{".index", 10 << 20, 23 * 8},
-	{".timeindex", 10<<20 - 4, 23 * 12},
 }
 
 // reopen opens path with flags, runs fn on it and closes it.
