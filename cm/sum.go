@@ -120,8 +120,15 @@ func contentAt(remote Remote, path string, fd int, size int64) (io.Reader, func(
 			return io.NewSectionReader(r, 0, size), func() { c.Close() }, nil
 		}
 	}
-	return &sparseReader{fd: fd, size: size}, func() {}, nil
+	r := &sparseReader{fd: fd, size: size}
+	if size <= sparseMin {
+		r.data = size // all of it in a read or two: holes are not worth two seeks
+	}
+	return r, func() {}, nil
 }
+
+// sparseMin is the size up to which sparseReader does not look for holes.
+const sparseMin = 256 << 10
 
 // sparseReader reads the first size bytes of a file open at fd (which
 // its caller owns: it seeks it) with pread, except its holes: those it
