@@ -64,7 +64,8 @@ func main() {
 		}
 		die(err)
 	}
-	undo = append(undo, func() { os.RemoveAll(work) })
+	top := work // work becomes the fresh file system below; its image is in top
+	undo = append(undo, func() { os.RemoveAll(top) })
 	defer func() { fail(nil) }()
 	where := "a directory in /var/tmp"
 	if *fsType != "" {
