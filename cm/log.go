@@ -77,8 +77,9 @@ type Event struct {
 	Over          string `json:"over,omitempty"`
 	FromUntracked bool   `json:"from_untracked,omitempty"`
 	// ZeroTail marks a truncate that cut only zeros, a hole or zero
-	// bytes (Kafka trimming a preallocated index): the original is the file's first NewSize
-	// bytes followed by zeros up to OldSize, so nothing was copied.
+	// bytes (Kafka trimming a preallocated index): the original is the
+	// file's first NewSize bytes followed by zeros up to OldSize, so
+	// nothing was copied.
 	ZeroTail bool `json:"zero_tail,omitempty"`
 	// Recovered marks an original found in cmroot after a crash, whose
 	// event had not been written.

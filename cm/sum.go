@@ -76,8 +76,14 @@ func cacheSum(fd int, sum string, now time.Time) {
 	if unix.Fstat(fd, &st) != nil || now.Sub(time.Unix(0, st.Mtim.Nano())) < settleTime {
 		return
 	}
+	_ = writeSum(fd, sum, &st)
+}
+
+// writeSum records sum as the checksum of the version of the file at fd
+// that st describes.
+func writeSum(fd int, sum string, st *unix.Stat_t) error {
 	v := fmt.Sprintf("%s %d %d", sum, st.Size, st.Mtim.Nano())
-	_ = unix.Fsetxattr(fd, sumXattr, []byte(v), 0)
+	return unix.Fsetxattr(fd, sumXattr, []byte(v), 0)
 }
 
 // hashReader is the SHA-256 of the first n bytes of r (all when n < 0).
@@ -268,24 +274,16 @@ func (m *Manager) hash(r io.Reader, n int64) (string, error) {
 // tierer calls it before freeing a file's local bytes, so a later capture
 // of the evicted file needs no download.
 func (m *Manager) CacheSum(path string) error {
-	f, err := os.Open(path)
+	fd, st, err := openRegular(unix.AT_FDCWD, path)
 	if err != nil {
 		return err
 	}
-	defer f.Close()
-	if _, ok := cachedSum(int(f.Fd())); ok {
-		return nil
-	}
-	s, err := m.hash(f, -1)
-	if err != nil {
+	defer unix.Close(fd)
+	s, computed, err := m.sumOpen(fd, path, &st)
+	if err != nil || !computed {
 		return err
 	}
 	// Cached whatever the mtime's age: the file is about to be evicted,
 	// and an evicted file is never written.
-	var st unix.Stat_t
-	if err := unix.Fstat(int(f.Fd()), &st); err != nil {
-		return err
-	}
-	v := fmt.Sprintf("%s %d %d", s, st.Size, st.Mtim.Nano())
-	return unix.Fsetxattr(int(f.Fd()), sumXattr, []byte(v), 0)
+	return writeSum(fd, s, &st)
 }

@@ -140,3 +140,33 @@ func (p preader) ReadAt(b []byte, off int64) (int, error) {
 	}
 	return n, err
 }
+
+// TestCacheSumCachesAFreshFile: the tierer caches a segment's checksum
+// just before it frees its bytes, however new its mtime; the cached value
+// is sha256sum's and holds for that version only.
+func TestCacheSumCachesAFreshFile(t *testing.T) {
+	path := filepath.Join(t.TempDir(), "00.log")
+	content := bytes.Repeat([]byte("batch"), 100_000)
+	if err := os.WriteFile(path, content, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	m := New(Config{})
+	if err := m.CacheSum(path); err != nil {
+		t.Skipf("no trusted xattrs here: %v", err)
+	}
+	fd, _, err := openRegular(unix.AT_FDCWD, path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer unix.Close(fd)
+	want := sha256.Sum256(content)
+	if s, ok := cachedSum(fd); !ok || s != hex.EncodeToString(want[:]) {
+		t.Fatalf("cached %q, %v; want %x", s, ok, want)
+	}
+	if err := os.WriteFile(path, []byte("another version"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	if s, ok := cachedSum(fd); ok {
+		t.Fatalf("the checksum %s is still cached for a new version", s)
+	}
+}
