@@ -257,7 +257,8 @@ func TestHydrateByHand(t *testing.T) {
 	}
 }
 
-// TestWriteToEvictedFile: an evicted segment opened for writing starts
+// TestWriteToEvictedFile: an evicted segment opened for writing, synced
+// and truncated to its own size stays evicted; written, it starts
 // coming back; with the store down its writes and truncates still
 // return (they go to its catch-up log) and reads of what was written see
 // it; tierfs is killed (SIGKILL) in the middle; at the next mount, with
@@ -285,6 +286,40 @@ func TestWriteToEvictedFile(t *testing.T) {
 			t.Fatalf("evict: %s", out)
 		}
 	}
+
+	// What a broker does to its old segments at start-up and at a clean
+	// shutdown changes nothing: open read-write, fsync, a truncate to the
+	// size the file has, a write of nothing, close. None brings the file
+	// back.
+	for _, i := range []int{0, 1} {
+		f, err := os.OpenFile(seg(i), os.O_RDWR, 0)
+		if err != nil {
+			t.Fatal(err)
+		}
+		fi, _ := f.Stat()
+		if err := f.Sync(); err != nil {
+			t.Fatalf("fsync of an evicted file: %v", err)
+		}
+		if err := f.Truncate(fi.Size()); err != nil {
+			t.Fatalf("truncate of an evicted file to its size: %v", err)
+		}
+		if _, err := f.WriteAt(nil, 0); err != nil {
+			t.Fatalf("empty write: %v", err)
+		}
+		if err := f.Close(); err != nil {
+			t.Fatal(err)
+		}
+		if err := os.Truncate(seg(i), fi.Size()); err != nil {
+			t.Fatalf("truncate(2) of an evicted file to its size: %v", err)
+		}
+		if fi2, _ := os.Stat(seg(i)); fi2.Size() != fi.Size() {
+			t.Fatalf("size %d after, %d before", fi2.Size(), fi.Size())
+		}
+		if st := state(seg(i)); st != "remote" {
+			t.Fatalf("segment %d is %s after changes that change nothing", i, st)
+		}
+	}
+	noMoves(t, m, backing)
 
 	r.srv.Stop()
 	f, err := os.OpenFile(seg(1), os.O_RDWR, 0)

@@ -401,6 +401,7 @@ func TestKafkaRestarts(t *testing.T) {
 	// tierfs dies under the running broker: its log dir fails, and the
 	// broker (a single log dir) stops. Both start again.
 	killMount(t, m)
+	first := m
 	if br.Running() {
 		// It may hang on the dead mount rather than exit.
 		waitForExit := time.Now().Add(30 * time.Second)
@@ -424,6 +425,10 @@ func TestKafkaRestarts(t *testing.T) {
 	}
 	t.Logf("%d segments verified", verifySegments(t, part))
 	noProblems(t, br)
+	// The broker's restarts (it opens every segment read-write, and
+	// recovers after kill -9) brought no evicted segment back.
+	noMoves(t, first, backing)
+	noMoves(t, m, backing)
 }
 
 // TestKafkaCompaction (case 5): a topic tiered while its policy is

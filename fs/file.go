@@ -65,15 +65,10 @@ func (n *node) Open(ctx context.Context, flags uint32) (gofs.FileHandle, uint32,
 			return nil, 0, toErrno(err)
 		}
 	}
+	// An evicted file opened for writing stays evicted until it is
+	// written or truncated: a broker opens every segment read-write at
+	// start-up and changes none of the old ones.
 	fh, fl, err := n.newHandle(ctx, fd, flags, rel)
-	if err == nil && flags&(syscall.O_WRONLY|syscall.O_RDWR) != 0 {
-		// An evicted file opened for writing starts coming back now.
-		if _, ok := fh.(*tieredFile); ok {
-			if _, merr := n.remoteMove(fd); merr != nil {
-				n.root.log.Debug("an evicted file opened for writing stays remote", "path", rel, "err", merr)
-			}
-		}
-	}
 	return fh, fl, toErrno(err)
 }
 

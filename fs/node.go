@@ -229,7 +229,7 @@ func (n *node) Setattr(ctx context.Context, f gofs.FileHandle, in *fuse.SetAttrI
 		return toErrno(err)
 	}
 	defer unpin()
-	if _, err := n.remoteMove(fd); err != nil {
+	if err := n.refuseRemoteTruncate(fd, int64(sz)); err != nil {
 		return toErrno(err) // with cm, an evicted file is not changed
 	}
 	var errno syscall.Errno

@@ -15,6 +15,8 @@ import (
 	gofs "github.com/hanwen/go-fuse/v2/fs"
 	"github.com/hanwen/go-fuse/v2/fuse"
 	"golang.org/x/sys/unix"
+
+	"github.com/tierfs/tierfs/internal/tiered"
 )
 
 // Tiering is what fs needs from the tierer to serve files whose bytes may
@@ -41,8 +43,10 @@ type Tiering interface {
 	Hydrations() uint64
 	// StartMove makes the remote file rel (inode ino) moving: changed
 	// through its catch-up log while its bytes come back (see Mover); nil
-	// if it is not remote. Moving is the move of ino under way, or nil.
-	StartMove(rel string, ino uint64) (Mover, error)
+	// if it is not remote. The caller makes the change (cause) through
+	// the Mover at once: nothing is downloaded before a change. Moving is
+	// the move of ino under way, or nil.
+	StartMove(rel string, ino uint64, cause tiered.Cause) (Mover, error)
 	Moving(ino uint64) Mover
 	// RemoteCopy describes where the bytes of the evicted file open at
 	// path are in the store (JSON), for another mount of the same store
@@ -271,13 +275,19 @@ func (tf *tieredFile) Write(ctx context.Context, data []byte, off int64) (uint32
 		if errno != toErrno(ErrRemote) {
 			return n, errno
 		}
-		if _, err := tf.node.remoteMove(int(tf.f.Fd())); err != nil {
+		if len(data) == 0 {
+			return 0, 0 // changes nothing: no move
+		}
+		if _, err := tf.node.remoteMove(int(tf.f.Fd()), tiered.CauseWrite); err != nil {
 			return 0, toErrno(err)
 		}
 	}
 	return 0, toErrno(ErrRemote)
 }
 
+// Setattr: a truncate of an evicted file to another size goes through
+// its move; one to the size it has changes no byte and starts nothing.
+// The rest (mode, owner, times) applies to the backing file either way.
 func (tf *tieredFile) Setattr(ctx context.Context, in *fuse.SetAttrIn, out *fuse.AttrOut) syscall.Errno {
 	sz, ok := in.GetSize()
 	if !ok {
@@ -285,20 +295,16 @@ func (tf *tieredFile) Setattr(ctx context.Context, in *fuse.SetAttrIn, out *fuse
 		tf.node.moveAttr(&out.Attr)
 		return errno
 	}
-	mv, err := tf.node.remoteMove(int(tf.f.Fd()))
+	done, err := tf.node.truncateRemote(int(tf.f.Fd()), int64(sz))
 	if err != nil {
 		return toErrno(err)
 	}
-	if mv != nil {
-		if err := mv.Truncate(int64(sz)); err == nil {
-			rest := *in
-			rest.Valid &^= fuse.FATTR_SIZE
-			errno := tf.localFile.Setattr(ctx, &rest, out)
-			tf.node.moveAttr(&out.Attr)
-			return errno
-		} else if !errors.Is(err, os.ErrClosed) {
-			return toErrno(err)
-		}
+	if done {
+		rest := *in
+		rest.Valid &^= fuse.FATTR_SIZE
+		errno := tf.localFile.Setattr(ctx, &rest, out)
+		tf.node.moveAttr(&out.Attr)
+		return errno
 	}
 	return tf.refuseRemote(func() syscall.Errno { return tf.localFile.Setattr(ctx, in, out) })
 }
@@ -421,10 +427,11 @@ func filterXattrList(b []byte) []byte {
 }
 
 // remoteMove is the move of the file open at fd: under way, or started
-// now if the file is remote; nil for a local file. With change
-// management a remote file is not changed (ErrRemote): its original
-// could not be retained from a catch-up log.
-func (n *node) remoteMove(fd int) (Mover, error) {
+// now for cause if the file is remote; nil for a local file. The caller
+// makes its change through it at once. With change management a remote
+// file is not changed (ErrRemote): its original could not be retained
+// from a catch-up log.
+func (n *node) remoteMove(fd int, cause tiered.Cause) (Mover, error) {
 	t := n.root.tiering
 	if t == nil {
 		return nil, nil
@@ -440,20 +447,41 @@ func (n *node) remoteMove(fd int) (Mover, error) {
 	if n.root.changes != nil {
 		return nil, fmt.Errorf("change: %w", ErrRemote)
 	}
-	mv, err := t.StartMove(n.Path(n.Root()), ino)
+	mv, err := t.StartMove(n.Path(n.Root()), ino, cause)
 	if err != nil {
-		n.root.log.Error("cannot start moving an evicted file back", "path", n.Path(n.Root()), "err", err)
+		n.root.log.Error("cannot start moving an evicted file back", "path", n.Path(n.Root()), "cause", cause.String(), "err", err)
 		return nil, err
 	}
 	return mv, nil
 }
 
-// truncateRemote truncates the file open at fd if it is remote (through
-// its move) and says whether it did.
+// truncateRemote truncates the file open at fd to size if it is remote
+// or moving, and says whether it did: through its move, or not at all
+// when size is the size the file has (that changes no byte, so it is no
+// reason to bring the file back). The caller applies the rest of the
+// request without the size; on false, it truncates the local file.
 func (n *node) truncateRemote(fd int, size int64) (bool, error) {
-	mv, err := n.remoteMove(fd)
-	if err != nil || mv == nil {
-		return false, err
+	t := n.root.tiering
+	if t == nil {
+		return false, nil
+	}
+	mv := t.Moving(n.StableAttr().Ino)
+	if mv == nil {
+		st, _, err := t.State(procFd(fd))
+		if err != nil || st != "remote" {
+			return false, err
+		}
+		// The backing file of an evicted file keeps its size.
+		var fst unix.Stat_t
+		if err := unix.Fstat(fd, &fst); err != nil {
+			return false, err
+		}
+		if fst.Size == size {
+			return true, nil
+		}
+		if mv, err = n.remoteMove(fd, tiered.CauseTruncate); err != nil || mv == nil {
+			return false, err
+		}
 	}
 	if err := mv.Truncate(size); err != nil {
 		if errors.Is(err, os.ErrClosed) {
@@ -481,4 +509,29 @@ func (r *Root) moveAttr(ino uint64, a *fuse.Attr) {
 	a.Size = uint64(size)
 	a.Blocks = (a.Size + 511) / 512
 	a.Mtime, a.Mtimensec = uint64(mt/1e9), uint32(mt%1e9)
+}
+
+// refuseRemoteTruncate refuses (with change management on) a truncate of
+// an evicted file to another size: its original could not be retained
+// from a catch-up log. One to the size it has changes nothing.
+func (n *node) refuseRemoteTruncate(fd int, size int64) error {
+	t := n.root.tiering
+	if t == nil {
+		return nil
+	}
+	if t.Moving(n.StableAttr().Ino) == nil {
+		st, _, err := t.State(procFd(fd))
+		if err != nil || st != "remote" {
+			return err
+		}
+		var fst unix.Stat_t
+		if err := unix.Fstat(fd, &fst); err != nil {
+			return err
+		}
+		if fst.Size == size {
+			return nil
+		}
+	}
+	_, err := n.remoteMove(fd, tiered.CauseTruncate)
+	return err
 }

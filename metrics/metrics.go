@@ -20,6 +20,7 @@ import (
 
 	"github.com/tierfs/tierfs/chunkxfer"
 	"github.com/tierfs/tierfs/cm"
+	"github.com/tierfs/tierfs/internal/tiered"
 	"github.com/tierfs/tierfs/tiering"
 )
 
@@ -43,8 +44,14 @@ func Registry(t Tiering, cache *chunkxfer.Cache, log *slog.Logger) *prometheus.R
 		counter(reg, "tierfs_remote_copy_bytes_total", "Bytes of segments shipped to the store and verified.", c.ShippedBytes.Load)
 		counter(reg, "tierfs_evicted_segments_total", "Segments whose local bytes were freed.", c.EvictedSegments.Load)
 		counter(reg, "tierfs_evicted_bytes_total", "Local bytes freed by eviction.", c.FreedBytes.Load)
-		counter(reg, "tierfs_hydrated_segments_total", "Evicted segments brought back to local disk (tierfs hydrate).", c.HydratedSegments.Load)
-		counter(reg, "tierfs_hydrated_bytes_total", "Bytes of segments brought back to local disk.", c.HydratedBytes.Load)
+		for cause := range tiered.NumCauses {
+			l := prometheus.Labels{"cause": cause.String()}
+			if cause != tiered.CauseHydrate {
+				labelled(reg, "tierfs_moves_total", "Evicted segments changed through the mount (by cause: write, truncate), whose bytes then came back to local disk. Opening for writing, fsync and a truncate to the same size start none.", l, c.Moves[cause].Load)
+			}
+			labelled(reg, "tierfs_hydrated_segments_total", "Evicted segments brought back to local disk, by cause: a move (write, truncate) or tierfs hydrate.", l, c.HydratedSegments[cause].Load)
+			labelled(reg, "tierfs_hydrated_bytes_total", "Bytes of evicted segments brought back to local disk, by cause: a move (write, truncate) or tierfs hydrate.", l, c.HydratedBytes[cause].Load)
+		}
 		counter(reg, "tierfs_mapped_segments_total", "Segments found whole in the store, shipped by another broker, and mapped onto its objects.", c.MappedSegments.Load)
 		counter(reg, "tierfs_mapped_bytes_total", "Bytes of segments (or their heads) mapped onto another broker's objects instead of being uploaded.", c.MappedBytes.Load)
 		counter(reg, "tierfs_remote_delete_segments_total", "Remote copies deleted after the broker deleted their segment.", c.DeletedSegments.Load)
@@ -88,7 +95,11 @@ func RegisterCM(reg *prometheus.Registry, c CM) {
 }
 
 func counter(reg *prometheus.Registry, name, help string, load func() int64) {
-	reg.MustRegister(prometheus.NewCounterFunc(prometheus.CounterOpts{Name: name, Help: help}, func() float64 { return float64(load()) }))
+	labelled(reg, name, help, nil, load)
+}
+
+func labelled(reg *prometheus.Registry, name, help string, labels prometheus.Labels, load func() int64) {
+	reg.MustRegister(prometheus.NewCounterFunc(prometheus.CounterOpts{Name: name, Help: help, ConstLabels: labels}, func() float64 { return float64(load()) }))
 }
 
 var (

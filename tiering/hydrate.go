@@ -16,6 +16,7 @@ import (
 	"github.com/tierfs/tierfs/chunkxfer"
 	"github.com/tierfs/tierfs/chunkxfer/store"
 	"github.com/tierfs/tierfs/idx/kafka"
+	"github.com/tierfs/tierfs/internal/tiered"
 )
 
 // HydrateNow brings the bytes of the evicted segment rel back to local
@@ -127,8 +128,8 @@ func (t *Tierer) Hydrate(ctx context.Context, path string, progress chunkxfer.Pr
 		return err
 	}
 	t.hydrations.Add(1)
-	t.counters.HydratedSegments.Add(1)
-	t.counters.HydratedBytes.Add(rec.Size)
+	t.counters.HydratedSegments[tiered.CauseHydrate].Add(1)
+	t.counters.HydratedBytes[tiered.CauseHydrate].Add(rec.Size)
 	if progress != nil {
 		progress(rec.Size, rec.Size)
 	}

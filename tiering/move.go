@@ -19,11 +19,16 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/tierfs/tierfs/internal/fsutil"
+	"github.com/tierfs/tierfs/internal/tiered"
 )
 
 // A Move is an evicted file coming back to local disk because it is
-// being changed (opened for writing, or truncated, through the mount):
-// it is *moving*. Its bytes are downloaded in the background; meanwhile
+// being changed through the mount: written, or truncated to another
+// size. It is *moving*. Opening the file for writing, fsync, flush and a
+// truncate to the size it has change nothing and start no move (a Kafka
+// broker opens every segment read-write at start-up, and flushes and
+// closes them all at a clean shutdown). Its bytes are downloaded in the
+// background, starting once the first change is in the log; meanwhile
 // every write and truncate is appended to the file's catch-up log
 // (catchup/<inode>.log in the state dir, on disk, unbounded) and returns
 // at once, never waiting for the download. Reads see the original bytes
@@ -50,10 +55,11 @@ type Move struct {
 	size    int64    // the file's size now; GUARDED_BY(mu)
 	cut     int64    // original bytes at and past cut are gone (truncated); GUARDED_BY(mu)
 	mtimeNs int64    // GUARDED_BY(mu)
-	changed bool     // GUARDED_BY(mu)
 	done    bool     // the file is local: use it; GUARDED_BY(mu)
 
 	remote   RemoteReader // the store's copy, for original bytes
+	cause    tiered.Cause // what started it
+	begun    sync.Once    // the download starts at the first change
 	finished chan struct{}
 	err      error // of the move, once finished
 }
@@ -72,10 +78,11 @@ const (
 )
 
 type moveHeader struct {
-	Rel  string `json:"rel"`
-	Ino  uint64 `json:"ino"`
-	Key  string `json:"key"`
-	Size int64  `json:"size"`
+	Rel   string       `json:"rel"`
+	Ino   uint64       `json:"ino"`
+	Key   string       `json:"key"`
+	Size  int64        `json:"size"`
+	Cause tiered.Cause `json:"cause,omitempty"` // absent in logs of older versions: a write
 }
 
 func (t *Tierer) catchupPath(ino uint64) string {
@@ -107,8 +114,9 @@ func (t *Tierer) Moving(ino uint64) Mover {
 
 // StartMove makes the evicted file rel (from the root) moving, or
 // returns its move under way. A file that is not remote has no move:
-// nil, nil.
-func (t *Tierer) StartMove(rel string, ino uint64) (Mover, error) {
+// nil, nil. The caller is about to make the change cause names through
+// the move; nothing is downloaded until a change is in its log.
+func (t *Tierer) StartMove(rel string, ino uint64, cause tiered.Cause) (Mover, error) {
 	if err := t.waitReady(); err != nil {
 		return nil, err
 	}
@@ -117,7 +125,7 @@ func (t *Tierer) StartMove(rel string, ino uint64) (Mover, error) {
 	if m := t.Moving(ino); m != nil {
 		return m, nil
 	}
-	m, err := t.startMove(rel, ino, nil)
+	m, err := t.startMove(rel, ino, nil, cause)
 	if m == nil || err != nil {
 		return nil, err
 	}
@@ -125,8 +133,9 @@ func (t *Tierer) StartMove(rel string, ino uint64) (Mover, error) {
 }
 
 // startMove begins a move; old, when set, is the catch-up log of a move
-// a crash interrupted, replayed into the new one.
-func (t *Tierer) startMove(rel string, ino uint64, old *os.File) (*Move, error) {
+// a crash interrupted, replayed into the new one (whose download then
+// starts at once: its log holds changes).
+func (t *Tierer) startMove(rel string, ino uint64, old *os.File, cause tiered.Cause) (*Move, error) {
 	path := filepath.Join(t.cfg.Root, rel)
 	if !t.claim("ino:" + strconv.FormatUint(ino, 10)) {
 		return nil, fmt.Errorf("%s: %w", rel, ErrBusy)
@@ -160,7 +169,7 @@ func (t *Tierer) startMove(rel string, ino uint64, old *os.File) (*Move, error) 
 	if err != nil {
 		return fail(err)
 	}
-	m := &Move{t: t, rel: rel, fd: f, rec: rec, size: rec.Size, cut: rec.Size, mtimeNs: rec.MtimeNs, finished: make(chan struct{})}
+	m := &Move{t: t, rel: rel, fd: f, rec: rec, size: rec.Size, cut: rec.Size, mtimeNs: rec.MtimeNs, cause: cause, finished: make(chan struct{})}
 	m.remote = src
 	if err := os.MkdirAll(filepath.Dir(t.catchupPath(ino)), 0o700); err != nil {
 		return fail(err)
@@ -176,7 +185,7 @@ func (t *Tierer) startMove(rel string, ino uint64, old *os.File) (*Move, error) 
 			return fail(err)
 		}
 		m.logf = lf
-		h, _ := json.Marshal(moveHeader{Rel: rel, Ino: ino, Key: rec.Key, Size: rec.Size})
+		h, _ := json.Marshal(moveHeader{Rel: rel, Ino: ino, Key: rec.Key, Size: rec.Size, Cause: cause})
 		if err := m.append(recHeader, 0, h); err != nil {
 			lf.Close()
 			os.Remove(lf.Name())
@@ -193,28 +202,47 @@ func (t *Tierer) startMove(rel string, ino uint64, old *os.File) (*Move, error) 
 	t.moves[ino] = m
 	t.mu.Unlock()
 	t.nmoves.Add(1)
-	t.cfg.Log.Info("an evicted file is changed: moving it back", "path", path, "key", rec.Key)
-	go func() {
-		defer release()
-		defer close(m.finished)
-		// Until it is in: a store that is down delays the move, and
-		// meanwhile writes go on into the log.
-		for attempt := 1; ; attempt++ {
-			err := m.run(context.Background())
-			if err == nil {
-				return
-			}
-			t.counters.Errors.Add(1)
-			t.cfg.Log.Error("moving an evicted file back failed; its changes stay in its catch-up log, and it is tried again", "path", path, "log", m.logf.Name(), "attempt", attempt, "err", err)
-			select {
-			case <-t.stop:
-				m.err = err
-				return
-			case <-time.After(min(time.Duration(attempt)*time.Second, 30*time.Second)):
-			}
-		}
-	}()
+	if old != nil {
+		m.begin("recovered", true)
+	}
 	return m, nil
+}
+
+// begin starts the download, once: at the first change recorded in the
+// log (what the change was is logged), or at once for a move a crash
+// interrupted. A move that is never changed downloads nothing.
+func (m *Move) begin(what string, recovered bool) {
+	m.begun.Do(func() {
+		t := m.t
+		path := filepath.Join(t.cfg.Root, m.rel)
+		t.counters.Moves[m.cause].Add(1)
+		t.cfg.Log.Info("an evicted file is changed: moving it back", "path", path, "key", m.rec.Key, "cause", m.cause.String(), "change", what, "recovered", recovered)
+		go m.download(path)
+	})
+}
+
+// download runs the move until it is done, retrying while the store
+// fails; the ino claim taken by startMove is released at the end.
+func (m *Move) download(path string) {
+	t := m.t
+	defer t.release("ino:" + strconv.FormatUint(m.rec.Ino, 10))
+	defer close(m.finished)
+	// Until it is in: a store that is down delays the move, and
+	// meanwhile writes go on into the log.
+	for attempt := 1; ; attempt++ {
+		err := m.run(context.Background())
+		if err == nil {
+			return
+		}
+		t.counters.Errors.Add(1)
+		t.cfg.Log.Error("moving an evicted file back failed; its changes stay in its catch-up log, and it is tried again", "path", path, "log", m.logf.Name(), "attempt", attempt, "err", err)
+		select {
+		case <-t.stop:
+			m.err = err
+			return
+		case <-time.After(min(time.Duration(attempt)*time.Second, 30*time.Second)):
+		}
+	}
 }
 
 // append writes one record at the end of the log. Callers hold mu (or
@@ -300,7 +328,6 @@ func (m *Move) noteWrite(off, n, pos int64) {
 	sort.Slice(out, func(i, j int) bool { return out[i].off < out[j].off })
 	m.ext = out
 	m.size = max(m.size, end)
-	m.changed = true
 }
 
 func (m *Move) noteTruncate(size int64) {
@@ -317,7 +344,6 @@ func (m *Move) noteTruncate(size int64) {
 	m.ext = out
 	m.cut = min(m.cut, size)
 	m.size = size
-	m.changed = true
 }
 
 // ReadAt reads the file as it is now: its original bytes, under what
@@ -380,12 +406,16 @@ func (m *Move) WriteAt(p []byte, off int64) (int, error) {
 	if m.done {
 		return 0, os.ErrClosed
 	}
+	if len(p) == 0 {
+		return 0, nil // changes nothing
+	}
 	pos := m.logEnd + recHdrLen
 	if err := m.append(recWrite, off, p); err != nil {
 		return 0, err
 	}
 	m.noteWrite(off, int64(len(p)), pos)
 	m.mtimeNs = time.Now().UnixNano()
+	m.begin(fmt.Sprintf("write of %d bytes at %d", len(p), off), false)
 	return len(p), nil
 }
 
@@ -399,11 +429,16 @@ func (m *Move) Truncate(size int64) error {
 	if size < 0 {
 		return syscall.EINVAL
 	}
+	if size == m.size {
+		return nil // changes nothing
+	}
 	if err := m.append(recTruncate, size, nil); err != nil {
 		return err
 	}
+	from := m.size
 	m.noteTruncate(size)
 	m.mtimeNs = time.Now().UnixNano()
+	m.begin(fmt.Sprintf("truncate from %d to %d bytes", from, size), false)
 	return nil
 }
 
@@ -470,21 +505,12 @@ func (m *Move) run(ctx context.Context) error {
 	if err := m.fd.Sync(); err != nil {
 		return err
 	}
-	if m.changed {
-		// Local, and changed: the remote copy is stale. Its shipment
-		// goes the way of any changed file's.
-		mt := unix.NsecToTimespec(m.mtimeNs)
-		unix.UtimesNanoAt(unix.AT_FDCWD, procPath(m.fd), []unix.Timespec{{Nsec: unix.UTIME_OMIT}, mt}, 0)
-		if err := unix.Fremovexattr(int(m.fd.Fd()), recordXattr); err != nil && !errors.Is(err, unix.ENODATA) {
-			return err
-		}
-	} else {
-		mt := unix.NsecToTimespec(m.rec.MtimeNs)
-		unix.UtimesNanoAt(unix.AT_FDCWD, procPath(m.fd), []unix.Timespec{{Nsec: unix.UTIME_OMIT}, mt}, 0)
-		m.rec.State = StateShipped
-		if err := writeRecordFd(int(m.fd.Fd()), m.rel, m.rec); err != nil {
-			return err
-		}
+	// Local, and changed (a move begins only at a change): the remote
+	// copy is stale. Its shipment goes the way of any changed file's.
+	mt := unix.NsecToTimespec(m.mtimeNs)
+	unix.UtimesNanoAt(unix.AT_FDCWD, procPath(m.fd), []unix.Timespec{{Nsec: unix.UTIME_OMIT}, mt}, 0)
+	if err := unix.Fremovexattr(int(m.fd.Fd()), recordXattr); err != nil && !errors.Is(err, unix.ENODATA) {
+		return err
 	}
 	if err := m.fd.Sync(); err != nil {
 		return err
@@ -495,13 +521,13 @@ func (m *Move) run(ctx context.Context) error {
 	t.mu.Unlock()
 	t.nmoves.Add(-1)
 	t.hydrations.Add(1)
-	t.counters.HydratedSegments.Add(1)
-	t.counters.HydratedBytes.Add(m.rec.Size)
+	t.counters.HydratedSegments[m.cause].Add(1)
+	t.counters.HydratedBytes[m.cause].Add(m.rec.Size)
 	m.remote.Close()
 	m.fd.Close()
 	m.logf.Close()
 	os.Remove(m.logf.Name())
-	t.cfg.Log.Info("moved back: the file is local", "path", path, "changed", m.changed)
+	t.cfg.Log.Info("moved back: the file is local", "path", path, "cause", m.cause.String(), "bytes", m.rec.Size)
 	return nil
 }
 
@@ -529,9 +555,13 @@ func (t *Tierer) recoverMove(p string) error {
 		return err
 	}
 	var h moveHeader
+	changes := 0
 	_, err = readRecords(f, func(op byte, _, _ int64, _ int, data []byte) error {
 		if op == recHeader && h.Rel == "" {
 			return json.Unmarshal(data, &h)
+		}
+		if op == recWrite || op == recTruncate {
+			changes++
 		}
 		return nil
 	})
@@ -557,9 +587,19 @@ func (t *Tierer) recoverMove(p string) error {
 			return err
 		}
 	}
+	if changes == 0 {
+		// The crash came before the first change was logged: no write
+		// was acknowledged, and the file stays remote.
+		f.Close()
+		t.cfg.Log.Info("a move a crash interrupted before its first change is dropped; the file stays remote", "path", path, "log", p)
+		return os.Remove(p)
+	}
+	if h.Cause >= tiered.NumCauses {
+		h.Cause = tiered.CauseWrite
+	}
 	t.moveMu.Lock()
 	defer t.moveMu.Unlock()
-	m, err := t.startMove(h.Rel, h.Ino, f)
+	m, err := t.startMove(h.Rel, h.Ino, f, h.Cause)
 	if err != nil || m == nil {
 		f.Close()
 		if err == nil {

@@ -13,6 +13,7 @@ import (
 	"time"
 
 	"github.com/tierfs/tierfs/chunkxfer/store"
+	"github.com/tierfs/tierfs/internal/tiered"
 )
 
 type mover interface {
@@ -101,11 +102,11 @@ func TestMoveCatchUp(t *testing.T) {
 		rel, ino, orig := evictedSegment(t, tr, root, bases)
 		// A slow store: the download takes longer than the writes.
 		s.Inject(store.Fault{Op: store.OpGet, Latency: 50 * time.Millisecond})
-		m, err := tr.StartMove(rel, ino)
+		m, err := tr.StartMove(rel, ino, tiered.CauseWrite)
 		if err != nil || m == nil {
 			t.Fatalf("start move: %v", err)
 		}
-		if again, _ := tr.StartMove(rel, ino); again != m || tr.Moving(ino) != m {
+		if again, _ := tr.StartMove(rel, ino, tiered.CauseWrite); again != m || tr.Moving(ino) != m {
 			t.Fatal("a second StartMove made another move")
 		}
 		model := append([]byte(nil), orig...)
@@ -141,14 +142,15 @@ func TestMoveCatchUp(t *testing.T) {
 	}
 }
 
-// TestMoveUnchangedIsShipped: a move with no change ends shipped.
+// TestMoveTruncateToZeroNeedsNoDownload: a file cut to nothing, then
+// written, comes back without a GET.
 func TestMoveTruncateToZeroNeedsNoDownload(t *testing.T) {
 	root, bases, _ := logDir(t)
 	s := store.NewMem(nil)
 	tr := newTierer(t, root, s, 1<<40)
 	rel, ino, _ := evictedSegment(t, tr, root, bases)
 	gets := s.Calls(store.OpGet)
-	m, err := tr.StartMove(rel, ino)
+	m, err := tr.StartMove(rel, ino, tiered.CauseWrite)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -177,7 +179,7 @@ func TestMoveRecoversAfterCrash(t *testing.T) {
 	}
 	rel, ino, orig := evictedSegment(t, tr1, root, bases)
 	s.Inject(store.Fault{Op: store.OpGet, Err: errors.New("injected outage")})
-	m, err := tr1.StartMove(rel, ino)
+	m, err := tr1.StartMove(rel, ino, tiered.CauseWrite)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -223,5 +225,104 @@ func TestMoveRecoversAfterCrash(t *testing.T) {
 	got, _ := os.ReadFile(filepath.Join(root, rel))
 	if !bytes.Equal(got, model) {
 		t.Fatalf("after recovery the file (%d bytes) is not the model (%d bytes)", len(got), len(model))
+	}
+}
+
+// TestMoveWithoutChangeDownloadsNothing: a move that is only started
+// (the file system is about to write, and the write never comes or
+// changes nothing), synced, read, or truncated to the size the file has
+// downloads nothing and counts no move; the first real change starts the
+// download, and is counted by its cause.
+func TestMoveWithoutChangeDownloadsNothing(t *testing.T) {
+	root, bases, _ := logDir(t)
+	s := store.NewMem(nil)
+	tr := newTierer(t, root, s, 1<<40)
+	rel, ino, orig := evictedSegment(t, tr, root, bases)
+	gets := s.Calls(store.OpGet)
+	m, err := tr.StartMove(rel, ino, tiered.CauseTruncate)
+	if err != nil || m == nil {
+		t.Fatalf("start move: %v", err)
+	}
+	if err := m.Truncate(int64(len(orig))); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := m.WriteAt(nil, 10); err != nil {
+		t.Fatal(err)
+	}
+	if err := m.Sync(); err != nil {
+		t.Fatal(err)
+	}
+	time.Sleep(100 * time.Millisecond) // a download would have begun by now
+	if n := s.Calls(store.OpGet) - gets; n != 0 {
+		t.Fatalf("%d GETs for a move with no change", n)
+	}
+	for c := range tiered.NumCauses {
+		if n := tr.Counters().Moves[c].Load(); n != 0 {
+			t.Fatalf("%d moves counted (%s) for a move with no change", n, c)
+		}
+	}
+	if st, _, _ := tr.State(filepath.Join(root, rel)); st != StateRemote {
+		t.Fatalf("state %s, want remote", st)
+	}
+	// The first real change starts it.
+	if err := m.Truncate(100); err != nil {
+		t.Fatal(err)
+	}
+	if err := m.(*Move).Wait(); err != nil {
+		t.Fatal(err)
+	}
+	if b, _ := os.ReadFile(filepath.Join(root, rel)); !bytes.Equal(b, orig[:100]) {
+		t.Fatalf("file is %d bytes, not the first 100 of the original", len(b))
+	}
+	c := tr.Counters()
+	if c.Moves[tiered.CauseTruncate].Load() != 1 || c.HydratedSegments[tiered.CauseTruncate].Load() != 1 || c.HydratedBytes[tiered.CauseTruncate].Load() != int64(len(orig)) {
+		t.Errorf("counted moves %d, hydrated %d (%d bytes) by truncate; want 1, 1 (%d bytes)",
+			c.Moves[tiered.CauseTruncate].Load(), c.HydratedSegments[tiered.CauseTruncate].Load(), c.HydratedBytes[tiered.CauseTruncate].Load(), len(orig))
+	}
+}
+
+// TestMoveCrashBeforeFirstChangeKeepsFileRemote: a catch-up log with no
+// change in it (tierfs died between starting a move and logging its
+// first write) is dropped at the next start: nothing was acknowledged,
+// the file stays remote, and nothing is downloaded.
+func TestMoveCrashBeforeFirstChangeKeepsFileRemote(t *testing.T) {
+	root, bases, _ := logDir(t)
+	s := store.NewMem(nil)
+	tr1, err := New(Config{Root: root, StateDir: filepath.Join(root, ".tierfs"), Store: s, Policy: Policy{ShipAfter: 10 * time.Minute}, LocalRetentionBytes: 1 << 40, ChunkSize: 64 << 10})
+	if err != nil {
+		t.Fatal(err)
+	}
+	rel, ino, orig := evictedSegment(t, tr1, root, bases)
+	p := filepath.Join(root, rel)
+	var evicted syscall.Stat_t
+	syscall.Stat(p, &evicted)
+	if _, err := tr1.StartMove(rel, ino, tiered.CauseWrite); err != nil {
+		t.Fatal(err)
+	}
+	tr1.Close() // as if tierfs died
+	if _, err := os.Stat(tr1.catchupPath(ino)); err != nil {
+		t.Fatalf("no catch-up log: %v", err)
+	}
+	tr2 := newTierer(t, root, s, 1<<40)
+	mustPass(t, tr2)
+	if tr2.Moving(ino) != nil {
+		t.Fatal("a move with no change was resumed")
+	}
+	if _, err := os.Stat(tr2.catchupPath(ino)); !os.IsNotExist(err) {
+		t.Fatalf("the empty catch-up log is left: %v", err)
+	}
+	if st, _, _ := tr2.State(p); st != StateRemote {
+		t.Fatalf("state %s, want remote", st)
+	}
+	c := tr2.Counters()
+	for cause := range tiered.NumCauses {
+		if c.Moves[cause].Load() != 0 || c.HydratedBytes[cause].Load() != 0 {
+			t.Errorf("recovery counted %d moves, %d bytes hydrated (%s)", c.Moves[cause].Load(), c.HydratedBytes[cause].Load(), cause)
+		}
+	}
+	var st syscall.Stat_t
+	syscall.Stat(p, &st)
+	if st.Blocks != evicted.Blocks || st.Size != int64(len(orig)) {
+		t.Errorf("the file has %d blocks and %d bytes; as evicted: %d and %d", st.Blocks, st.Size, evicted.Blocks, len(orig))
 	}
 }

@@ -29,6 +29,7 @@ import (
 	"github.com/tierfs/tierfs/chunkxfer/store"
 	"github.com/tierfs/tierfs/idx"
 	"github.com/tierfs/tierfs/idx/kafka"
+	"github.com/tierfs/tierfs/internal/tiered"
 )
 
 // Config configures a Tierer.
@@ -157,11 +158,15 @@ func (t *Tierer) Role() string {
 
 // Counters count what the tierer did since it started (for metrics).
 type Counters struct {
-	ShippedSegments, ShippedBytes   atomic.Int64
-	EvictedSegments, FreedBytes     atomic.Int64
-	DeletedSegments                 atomic.Int64 // remote copies of segments the broker deleted
-	MappedSegments, MappedBytes     atomic.Int64 // segments (or heads of segments) found in the store, shipped by another broker
-	HydratedSegments, HydratedBytes atomic.Int64
+	ShippedSegments, ShippedBytes atomic.Int64
+	EvictedSegments, FreedBytes   atomic.Int64
+	DeletedSegments               atomic.Int64 // remote copies of segments the broker deleted
+	MappedSegments, MappedBytes   atomic.Int64 // segments (or heads of segments) found in the store, shipped by another broker
+	// Evicted segments brought back to local disk, and their bytes, by
+	// cause (a move after a write or a truncate, or tierfs hydrate);
+	// Moves counts the moves started, by cause.
+	HydratedSegments, HydratedBytes [tiered.NumCauses]atomic.Int64
+	Moves                           [tiered.NumCauses]atomic.Int64
 	Errors                          atomic.Int64 // failed steps (each also a partition's last error or a pass's error)
 }
 
