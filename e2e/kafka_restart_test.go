@@ -140,6 +140,10 @@ func TestKafkaRestartCostsNothing(t *testing.T) {
 	t.Logf("kill -9 and start took %v", time.Since(t0).Round(time.Millisecond))
 	check("a kill -9 and start", before)
 
+	if out, code := tierfs(t, nil, "status", mnt); code != 0 || !strings.Contains(out, "brought back to local disk since the mount started: none") {
+		t.Errorf("tierfs status (exit %d) does not say that nothing came back:\n%s", code, out)
+	}
+
 	before = costNow(t, addr, backingPart)
 	got := consumeAll(t, br, s, n)
 	if got.Records != n {

@@ -19,6 +19,7 @@ import (
 	"github.com/tierfs/tierfs/chunkxfer"
 	"github.com/tierfs/tierfs/cm"
 	"github.com/tierfs/tierfs/control"
+	"github.com/tierfs/tierfs/internal/tiered"
 	"github.com/tierfs/tierfs/tiering"
 )
 
@@ -135,6 +136,11 @@ func (m mountControl) Call(ctx context.Context, op string, args json.RawMessage)
 			return nil, err
 		}
 		return adoptReply{Tmp: tmp}, nil
+	case "returns":
+		if m.t == nil {
+			return []returnCount{}, nil
+		}
+		return returnCounts(m.t.Counters()), nil
 	case "role":
 		if m.t == nil {
 			return nil, errors.New("this mount has no remote (mount it with --remote)")
@@ -151,6 +157,35 @@ func (m mountControl) Call(ctx context.Context, op string, args json.RawMessage)
 		return roleArgs{Role: m.t.Role()}, nil
 	}
 	return cmCall(ctx, m.cm, m.mountpoint, op, args)
+}
+
+// returnCount is what brought evicted segments back to local disk since
+// the mount started, for one cause (tierfs status).
+type returnCount struct {
+	Cause    string `json:"cause"`
+	Moves    int64  `json:"moves"` // started (0 for hydrate: not a move)
+	Segments int64  `json:"segments"`
+	Bytes    int64  `json:"bytes"`
+}
+
+func returnCounts(c *tiering.Counters) []returnCount {
+	out := make([]returnCount, 0, tiered.NumCauses)
+	for cause := range tiered.NumCauses {
+		out = append(out, returnCount{Cause: cause.String(), Moves: c.Moves[cause].Load(), Segments: c.HydratedSegments[cause].Load(), Bytes: c.HydratedBytes[cause].Load()})
+	}
+	return out
+}
+
+// returns asks the mount at mountpoint what brought segments back; nil
+// when it does not answer (not a mount, or no remote).
+func returns(mountpoint string) []returnCount {
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
+	defer cancel()
+	var out []returnCount
+	control.Call(ctx, mountpoint, control.Request{Op: "returns"}, func(e control.Event) {
+		json.Unmarshal(e.Status, &out)
+	})
+	return out
 }
 
 type drainArgs struct {

@@ -28,7 +28,11 @@ func cmdStatus() *cli.Command {
 			if c.Bool("json") {
 				return statusJSON(c.App.Writer, root, lastErrors(root))
 			}
-			return status(c.App.Writer, root, time.Now(), lastErrors(root))
+			if err := status(c.App.Writer, root, time.Now(), lastErrors(root)); err != nil {
+				return err
+			}
+			printReturns(c.App.Writer, returns(root))
+			return nil
 		},
 	}
 }
@@ -140,4 +144,27 @@ func bytesHuman(n int64) string {
 		exp++
 	}
 	return fmt.Sprintf("%.1f %ciB", float64(n)/float64(div), "KMGTPE"[exp])
+}
+
+// printReturns says what brought evicted segments back to local disk
+// since the mount started: moves (a write, or a truncate to another
+// size) and tierfs hydrate. Nothing else does (a broker's restart
+// opens, syncs and closes segments without changing them).
+func printReturns(w io.Writer, rs []returnCount) {
+	if rs == nil {
+		return
+	}
+	var parts []string
+	var segs int64
+	for _, r := range rs {
+		segs += r.Segments
+		if r.Segments > 0 || r.Moves > 0 {
+			parts = append(parts, fmt.Sprintf("%s %d (%s)", r.Cause, r.Segments, bytesHuman(r.Bytes)))
+		}
+	}
+	if segs == 0 && len(parts) == 0 {
+		fmt.Fprintln(w, "\nbrought back to local disk since the mount started: none")
+		return
+	}
+	fmt.Fprintf(w, "\nbrought back to local disk since the mount started, by cause: %s\n", strings.Join(parts, ", "))
 }

@@ -10,6 +10,7 @@ import (
 
 	"github.com/tierfs/tierfs/chunkxfer/store"
 	"github.com/tierfs/tierfs/idx/kafka/kafkatest"
+	"github.com/tierfs/tierfs/internal/tiered"
 	"github.com/tierfs/tierfs/tiering"
 )
 
@@ -45,5 +46,32 @@ func TestStatus(t *testing.T) {
 	}
 	if f := strings.Fields(lines[3]); f[0] != "total" || f[4] != "4" {
 		t.Fatalf("total line %q", lines[3])
+	}
+}
+
+// TestStatusSaysWhatBroughtSegmentsBack: the line under the table names
+// each cause that brought segments back, with segments and bytes, and
+// says none when nothing did.
+func TestStatusSaysWhatBroughtSegmentsBack(t *testing.T) {
+	var c tiering.Counters
+	var out bytes.Buffer
+	printReturns(&out, returnCounts(&c))
+	if !strings.Contains(out.String(), "since the mount started: none") {
+		t.Errorf("nothing brought back: %q", out.String())
+	}
+	c.Moves[tiered.CauseWrite].Add(2)
+	c.HydratedSegments[tiered.CauseWrite].Add(2)
+	c.HydratedBytes[tiered.CauseWrite].Add(3 << 20)
+	c.HydratedSegments[tiered.CauseHydrate].Add(1)
+	c.HydratedBytes[tiered.CauseHydrate].Add(1024)
+	out.Reset()
+	printReturns(&out, returnCounts(&c))
+	if got := out.String(); !strings.Contains(got, "write 2 (3.0 MiB), hydrate 1 (1.0 KiB)") || strings.Contains(got, "truncate") {
+		t.Errorf("status line: %q", got)
+	}
+	out.Reset()
+	printReturns(&out, nil) // the mount did not answer
+	if out.Len() != 0 {
+		t.Errorf("printed %q for a mount that did not answer", out.String())
 	}
 }
