@@ -29,10 +29,22 @@ func openFlags(flags uint32) int {
 // through /proc (or its file handle), so it cannot land on a file that
 // replaced the name.
 func (n *node) openSelf(flags int) (int, error) {
-	if n.fd < 0 {
-		return n.handle.open(n.root.backingFd, flags)
+	fd, err := n.reopen(flags)
+	if err == unix.EMFILE || err == unix.ENFILE {
+		// Out of descriptors: idle nodes give theirs back, once.
+		if n.root.fds.reclaim(64) > 0 {
+			fd, err = n.reopen(flags)
+		}
 	}
-	return unix.Open(procFd(n.fd), flags|unix.O_CLOEXEC, 0)
+	return fd, err
+}
+
+func (n *node) reopen(flags int) (int, error) {
+	if fd, ok := n.heldFd(); ok {
+		defer n.unpin()
+		return unix.Open(procFd(fd), flags|unix.O_CLOEXEC, 0)
+	}
+	return n.handle.open(n.root.backingFd, flags)
 }
 
 func (n *node) Open(ctx context.Context, flags uint32) (gofs.FileHandle, uint32, syscall.Errno) {
@@ -119,6 +131,7 @@ func (lf *localFile) Release(ctx context.Context) syscall.Errno {
 	if lf.unhold != nil {
 		lf.unhold()
 	}
+	defer lf.node.root.fds.fileClosed()
 	return lf.LoopbackFile.Release(ctx)
 }
 
@@ -156,6 +169,7 @@ func (lf *localFile) Fsync(ctx context.Context, flags uint32) syscall.Errno {
 func (lf *localFile) backingFd() int { return int(lf.f.Fd()) }
 
 func newLocalFile(n *node, fd int) *localFile {
+	n.root.fds.fileOpened()
 	f := os.NewFile(uintptr(fd), "")
 	return &localFile{LoopbackFile: gofs.NewLoopbackFileFromOS(f), f: f, node: n}
 }

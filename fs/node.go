@@ -4,7 +4,7 @@ import (
 	"context"
 	"runtime"
 	"strconv"
-	"sync/atomic"
+	"sync"
 	"syscall"
 
 	gofs "github.com/hanwen/go-fuse/v2/fs"
@@ -24,22 +24,30 @@ import (
 // would natively. (virtiofsd works the same way; go-fuse's loopback
 // re-resolves paths and fails that race.)
 //
-// Descriptors are bounded (Root.fdBudget). Past the budget a node keeps only
-// the inode's file handle and opens it when needed (open_by_handle_at). Such
-// a node can find its inode gone when every name and every open of it
-// disappeared; that is ESTALE, on which the kernel redoes the lookup once.
+// Descriptors are bounded (fdPool): a node gets one only while there is
+// room, and files opened through the mount come first: when they need the
+// room, descriptors of idle nodes are closed. A node without one keeps
+// only the inode's file handle and opens it when needed
+// (open_by_handle_at). Such a node can find its inode gone when every
+// name and every open of it disappeared; that is ESTALE, on which the
+// kernel redoes the lookup once.
 type node struct {
 	gofs.Inode
 	root *Root
 
-	// fd is the O_PATH descriptor, or -1 for a node that has only handle.
-	// Both are set at creation and never change; fd is closed by OnForget
-	// (or, for a node go-fuse discarded in favour of an equal one, by a
-	// cleanup when it is garbage collected).
-	fd      int
 	handle  fileHandle
-	cleanup runtime.Cleanup
-	closed  atomic.Bool
+	cleanup runtime.Cleanup // closes fd if the node is collected unforgotten
+	unpinFn func()          // n.unpin, made once
+
+	fdMu sync.Mutex
+	// fd is the O_PATH descriptor, or -1 for a node that goes through its
+	// handle. Set at creation; closed by OnForget, by the pool when files
+	// need the room (a node with a handle only), or, for a node go-fuse
+	// discarded in favour of an equal one, by a cleanup when it is
+	// garbage collected. GUARDED_BY(fdMu)
+	fd        int
+	pins      int  // operations using fd now; GUARDED_BY(fdMu)
+	forgotten bool // close fd when the last pin ends; GUARDED_BY(fdMu)
 
 	// modes counts open handles by io mode (used with change management).
 	modes ioModes
@@ -61,39 +69,82 @@ var (
 func (n *node) isRoot() bool { return n == n.root.rootNode }
 
 // newNode makes the node for the inode open at the O_PATH descriptor fd,
-// and takes ownership of fd: it keeps it, or closes it when the descriptor
-// budget is spent and the inode has a file handle.
+// and takes ownership of fd: it keeps it, or closes it when the pool has
+// no room and the inode has a file handle.
 func newNode(r *Root, fd int, h fileHandle) *node {
-	if h.ok && r.heldFds.Load() >= r.fdBudget {
+	if h.ok && !r.fds.room() {
 		unix.Close(fd)
 		return &node{root: r, fd: -1, handle: h}
 	}
-	r.heldFds.Add(1)
 	n := &node{root: r, fd: fd, handle: h}
-	n.cleanup = runtime.AddCleanup(n, r.releaseFd, fd)
+	n.unpinFn = n.unpin
+	r.fds.add(fd, n)
+	n.cleanup = runtime.AddCleanup(n, r.fds.closeFd, fd)
 	return n
 }
 
-// releaseFd closes a node's descriptor and returns it to the budget.
-func (r *Root) releaseFd(fd int) {
-	unix.Close(fd)
-	r.heldFds.Add(-1)
+// OnForget closes the descriptor once the kernel has forgotten the node
+// (once the operations using it end).
+func (n *node) OnForget() {
+	if !n.isRoot() {
+		n.dropFd(false)
+	}
 }
 
-// OnForget closes the descriptor once the kernel has forgotten the node.
-func (n *node) OnForget() {
-	if n.isRoot() || n.fd < 0 || n.closed.Swap(true) {
-		return
+// dropFd closes the node's descriptor and says whether it did. For a
+// reclaim, only if no operation is using it and the node has a file
+// handle to go on with; otherwise (a forget) now, or when the last
+// operation using it ends.
+func (n *node) dropFd(reclaim bool) bool {
+	n.fdMu.Lock()
+	defer n.fdMu.Unlock()
+	if n.fd < 0 || n.isRoot() {
+		return false
 	}
+	if reclaim && (n.pins > 0 || !n.handle.ok) {
+		return false
+	}
+	if n.pins > 0 {
+		n.forgotten = true
+		return false
+	}
+	n.closeFdLocked()
+	return true
+}
+
+func (n *node) closeFdLocked() {
 	n.cleanup.Stop()
-	n.root.releaseFd(n.fd)
+	n.root.fds.remove(n.fd)
+	unix.Close(n.fd)
+	n.fd = -1
+}
+
+// heldFd pins and returns the node's own descriptor, if it has one; the
+// caller calls unpin when done.
+func (n *node) heldFd() (int, bool) {
+	n.fdMu.Lock()
+	defer n.fdMu.Unlock()
+	if n.fd < 0 {
+		return -1, false
+	}
+	n.pins++
+	return n.fd, true
+}
+
+func (n *node) unpin() {
+	n.fdMu.Lock()
+	defer n.fdMu.Unlock()
+	n.pins--
+	if n.pins == 0 && n.forgotten && n.fd >= 0 {
+		n.closeFdLocked()
+	}
 }
 
 // pin returns an O_PATH descriptor of this node's inode for the length of
 // one operation; the caller calls unpin when done.
 func (n *node) pin() (fd int, unpin func(), err error) {
-	if n.fd >= 0 {
-		return n.fd, func() {}, nil
+	if fd, ok := n.heldFd(); ok {
+		return fd, n.unpinFn, nil
 	}
 	fd, err = n.handle.open(n.root.backingFd, unix.O_PATH|unix.O_NOFOLLOW)
 	if err != nil {

@@ -45,10 +45,8 @@ type Root struct {
 	// to the caller's uid and gid.
 	asRoot bool
 
-	// fdBudget is how many O_PATH descriptors nodes may hold (see node);
-	// heldFds counts them.
-	fdBudget int64
-	heldFds  atomic.Int64
+	// fds owns the descriptors held for nodes and open files.
+	fds *fdPool
 
 	passthroughLost atomic.Bool
 	// expectedCached counts opens of local files that were served cached
@@ -110,7 +108,8 @@ func newRoot(cfg rootConfig) (*Root, error) {
 	// The root node's descriptor is the backing descriptor; it is closed
 	// by close, not by OnForget.
 	r.rootNode = &node{root: r, fd: fd}
-	r.fdBudget = nodeFdBudget(r.log, cfg.maxNodeFds)
+	r.rootNode.unpinFn = r.rootNode.unpin
+	r.fds = newFdPool(nodeFdBudget(r.log, cfg.maxNodeFds))
 	return r, nil
 }
 
@@ -162,14 +161,16 @@ func (r *Root) stableAttr(st *unix.Statx_t, h fileHandle) gofs.StableAttr {
 	return gofs.StableAttr{Mode: uint32(st.Mode) & syscall.S_IFMT, Ino: ino, Gen: gen}
 }
 
-// nodeFdBudget raises the open-file limit as far as allowed and gives half
-// of it to node descriptors: the other half is for files the clients hold
-// open (each is one backing descriptor here) and for tierfs itself.
-// A positive max caps it further.
-func nodeFdBudget(log *slog.Logger, max int) int64 {
-	budget := int64(raiseFileLimit(log) / 2)
+// nodeFdBudget raises the open-file limit as far as allowed and returns
+// it, with half of it for node descriptors (the other half is for files
+// the clients hold open, each one backing descriptor here, and for
+// tierfs itself; files take node descriptors' room when they need it).
+// A positive max caps the node half further.
+func nodeFdBudget(log *slog.Logger, max int) (limit, budget int64) {
+	limit = int64(raiseFileLimit(log))
+	budget = limit / 2
 	if max > 0 && int64(max) < budget {
 		budget = int64(max)
 	}
-	return budget
+	return limit, budget
 }

@@ -34,6 +34,9 @@ const (
 	// With it set, the server runs change management (cmroot in the
 	// state dir; the value, when not "1", is a glob to exclude).
 	serveCMEnv = "TIERFS_TEST_SERVE_CM"
+	// With it set, the server's open-file limit (soft and hard) is
+	// lowered to this before it mounts.
+	serveFileLimitEnv = "TIERFS_TEST_SERVE_FILE_LIMIT"
 )
 
 // countingOps is an OpObserver that counts requests by op and result.
@@ -70,6 +73,12 @@ func TestMain(m *testing.M) {
 func serveForTest() int {
 	log := slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelDebug}))
 	maxFds, _ := strconv.Atoi(os.Getenv(serveMaxFdsEnv))
+	if v, err := strconv.ParseUint(os.Getenv(serveFileLimitEnv), 10, 64); err == nil {
+		if err := unix.Setrlimit(unix.RLIMIT_NOFILE, &unix.Rlimit{Cur: v, Max: v}); err != nil {
+			fmt.Fprintln(os.Stderr, "setrlimit:", err)
+			return 1
+		}
+	}
 	var ops OpObserver
 	counts := &countingOps{n: map[string]int{}}
 	if os.Getenv(serveObserveEnv) != "" {

@@ -132,6 +132,7 @@ func (d *doctor) logDir(dir string) {
 	} else {
 		d.ok("log dir", "%s: a Kafka log dir with %d partitions", dir, len(parts))
 	}
+	d.fileLimit(dir)
 	f, err := os.CreateTemp(dir, ".tierfs-doctor-*")
 	if err != nil {
 		d.fail("scratch file", "cannot create one in %s: %v", dir, err)
@@ -266,4 +267,21 @@ func (d *doctor) store(ctx context.Context, st store.Store, name string) {
 	default:
 		d.ok("clock", "within 2 s of the store's")
 	}
+}
+
+// fileLimit checks that the open-file limit fits the log dir's segments
+// (tierfs raises its soft limit to the hard one, and past it as root
+// where the kernel lets it).
+func (d *doctor) fileLimit(dir string) {
+	segs, err := countSegments(dir)
+	if err != nil {
+		d.warn("open files", "cannot count the segments of %s: %v", dir, err)
+		return
+	}
+	_, hard := fileLimit()
+	if advice := fileLimitAdvice("this shell", hard, segs); advice != "" {
+		d.warn("open files", "%s", advice)
+		return
+	}
+	d.ok("open files", "limit %d (hard) for %d segments", hard, segs)
 }

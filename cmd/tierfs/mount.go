@@ -238,6 +238,16 @@ func runMount(c *cli.Context) error {
 	}
 	log.Info("mounted", "mountpoint", m.Config.Mountpoint, "backing", m.Config.Backing,
 		"in_place", m.Config.Mountpoint == m.Config.Backing, "local_files", m.Passthrough.String())
+	// Counted in the backing directory (through tierfs's own descriptor
+	// of it), so the count makes no lookups through the mount.
+	if segs, err := countSegments(filepath.Dir(m.StateDir)); err == nil {
+		soft, _ := fileLimit()
+		if advice := fileLimitAdvice("tierfs", soft, segs); advice != "" {
+			log.Warn("the open-file limit is too low for this log dir", "limit", soft, "segments", segs, "advice", advice)
+		} else {
+			log.Debug("open-file limit", "limit", soft, "segments", segs)
+		}
+	}
 	// Under systemd (Type=notify), units ordered after this one (the
 	// broker) start only now that the mount serves.
 	if err := sdNotify("READY=1\nSTATUS=serving " + m.Config.Mountpoint); err != nil {
