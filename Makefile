@@ -42,9 +42,11 @@ bench-xfer:
 bench-tier: build
 	$(GO) run ./bench/tier -tierfs $(BIN) -size $(or $(SIZE),1GiB) -runs 3
 
-# A real Kafka broker: produce on a plain dir vs tierfs vs tierfs tiering; consume from 0, local vs evicted.
+# A real Kafka broker: produce on a plain dir vs tierfs vs tierfs tiering; consume from 0, local vs evicted;
+# then its start-up with 10,000 segments (200 partitions), plain vs tierfs vs tierfs with every rolled segment evicted.
 bench-kafka: build
 	$(GO) run ./bench/kafka -tierfs $(BIN) -records $(or $(RECORDS),400000) -runs $(or $(RUNS),5)
+	$(GO) run ./bench/kafkastart -tierfs $(BIN) -partitions $(or $(PARTITIONS),200) -segments $(or $(SEGMENTS),50) -runs $(or $(RUNS),5)
 
 # Change management's cost: files and Kafka-roll patterns, with and without --cm.
 bench-cm: build

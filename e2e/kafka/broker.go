@@ -320,3 +320,22 @@ func (br *Broker) Problems() []string {
 	}
 	return out
 }
+
+// SetLogDir points the stopped broker at another log dir (log.dirs) for
+// its next Restart: a copy of its own, made after a clean stop.
+func (br *Broker) SetLogDir(dir string) error {
+	br.mu.Lock()
+	defer br.mu.Unlock()
+	b, err := os.ReadFile(br.cfg)
+	if err != nil {
+		return err
+	}
+	lines := strings.Split(string(b), "\n")
+	for i, l := range lines {
+		if strings.HasPrefix(l, "log.dirs=") {
+			lines[i] = "log.dirs=" + dir
+		}
+	}
+	br.opts.LogDir = dir
+	return os.WriteFile(br.cfg, []byte(strings.Join(lines, "\n")), 0o644)
+}

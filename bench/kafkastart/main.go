@@ -1,0 +1,338 @@
+// Command kafkastart measures a real Kafka broker's start-up with many
+// segments (make bench-kafka): the same log dir, made by the broker
+// itself and stopped cleanly, on a plain directory, on a tierfs mount
+// without a remote, and on a tierfs mount with a remote (dir store) where
+// every rolled segment is evicted. One broker (its KRaft metadata off
+// the log dirs) is pointed at each copy in turn, in an order that
+// rotates from run to run, with the page cache dropped before each
+// start; a start is timed from the process's start to its log line
+// "Kafka Server started", and followed by a clean stop. What each start
+// on the tiered mount cost is read from the mount's metrics (moves,
+// hydrated bytes, bytes fetched) and from the backing directory's
+// allocated bytes. Medians of -runs, with ratios to the plain directory
+// and to the mount without a remote of the same run. Not a test.
+package main
+
+import (
+	"bufio"
+	"context"
+	"flag"
+	"fmt"
+	"net"
+	"net/http"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"syscall"
+	"time"
+
+	"github.com/twmb/franz-go/pkg/kadm"
+	"github.com/twmb/franz-go/pkg/kgo"
+
+	"github.com/tierfs/tierfs/bench/internal/benchutil"
+	"github.com/tierfs/tierfs/e2e/kafka"
+)
+
+func main() {
+	bin := flag.String("tierfs", "bin/tierfs", "tierfs binary")
+	partitions := flag.Int("partitions", 200, "partitions of the topic")
+	perPartition := flag.Int("segments", 50, "segments per partition (rolled by time: segment.ms)")
+	perSegment := flag.Int("records", 20, "records per segment")
+	valueSize := flag.Int("value-size", 3000, "bytes of each record's value")
+	runs := flag.Int("runs", 3, "starts per configuration")
+	fsType := flag.String("fs", "ext4", "run on a fresh file system of this type (mkfs.TYPE on a loop device, as root); \"\" for a directory in $TMPDIR")
+	flag.Parse()
+
+	var undo []func()
+	fail := func(err error) {
+		for i := len(undo) - 1; i >= 0; i-- {
+			undo[i]()
+		}
+		undo = nil
+		if err != nil {
+			fmt.Fprintln(os.Stderr, "bench-kafka-start:", err)
+			os.Exit(1)
+		}
+	}
+	check := func(err error) {
+		if err != nil {
+			fail(err)
+		}
+	}
+	if why := kafka.Available(); why != "" {
+		check(fmt.Errorf("%s", why))
+	}
+	tierfsBin, err := filepath.Abs(*bin)
+	check(err)
+	tmp := ""
+	if *fsType != "" {
+		tmp = "/var/tmp"
+	}
+	dir, err := os.MkdirTemp(tmp, "bench-kafka-start-")
+	check(err)
+	top := dir
+	undo = append(undo, func() { os.RemoveAll(top) })
+	where := "a directory in " + filepath.Dir(dir)
+	if *fsType != "" {
+		fsDir, done, err := benchutil.FreshFS(dir, *fsType, 32<<30)
+		if err != nil {
+			fail(fmt.Errorf("-fs %s: %w (-fs \"\" runs in $TMPDIR instead)", *fsType, err))
+		}
+		undo = append(undo, done)
+		dir, where = fsDir, "a fresh "+*fsType+" file system (mkfs defaults, on a loop device)"
+	}
+
+	// The data: a broker on a plain directory writes it, rolling a
+	// segment every perSegment records of each partition (record j of a
+	// partition is stamped j ms after the first: segment.ms rolls by
+	// record time), and stops cleanly.
+	plain := filepath.Join(dir, "plain")
+	work := filepath.Join(dir, "broker")
+	br, err := kafka.Start(kafka.Options{LogDir: plain, MetadataDir: filepath.Join(work, "metadata"), WorkDir: work,
+		Props: map[string]string{"log.flush.interval.ms": "9223372036854775807", "num.recovery.threads.per.data.dir": "2"}})
+	check(err)
+	undo = append(undo, func() { br.Stop() })
+	const topic = "history"
+	check(createTopic(br, topic, *partitions, map[string]*string{
+		"retention.ms": kadm.StringPtr("-1"), "segment.ms": kadm.StringPtr(strconv.Itoa(*perSegment - 1)), "segment.bytes": kadm.StringPtr("1073741824")}))
+	t0 := time.Now()
+	check(produce(br, topic, *partitions, *perPartition**perSegment, *valueSize))
+	check(br.Stop())
+	segs, bytes := countSegments(plain)
+	fmt.Fprintf(os.Stderr, "made %d segments (%.0f MB of .log) in %v\n", segs, float64(bytes)/1e6, time.Since(t0).Round(time.Second))
+
+	type config struct {
+		name    string
+		logDir  string
+		backing string
+		metrics string // the tiered mount's metrics address
+		starts  []float64
+		// On the tiered mount: what each start cost.
+		moves, hydrated, fetched float64
+		localGrew              int64
+	}
+	configs := []*config{{name: "plain directory", logDir: plain}}
+	for i, c := range []struct {
+		name   string
+		remote bool
+	}{{"tierfs, no remote", false}, {"tierfs --remote (dir store), rolled segments evicted", true}} {
+		base := filepath.Join(dir, fmt.Sprint(i+1))
+		backing, mnt := filepath.Join(base, "backing"), filepath.Join(base, "logs")
+		check(os.MkdirAll(base, 0o755))
+		check(os.MkdirAll(mnt, 0o755))
+		if out, err := exec.Command("cp", "-a", plain, backing).CombinedOutput(); err != nil {
+			check(fmt.Errorf("cp: %v %s", err, out))
+		}
+		cfg := &config{name: c.name, logDir: mnt, backing: backing}
+		args := []string{"--backing", backing}
+		if c.remote {
+			cfg.metrics, err = freeAddr()
+			check(err)
+			args = append(args, "--remote", "file://"+filepath.Join(base, "remote"), "--ship-after", "0s",
+				"--local-retention-bytes", "1", "--tier-interval", "2s", "--metrics-listen", cfg.metrics)
+		}
+		stop, err := benchutil.Mount(tierfsBin, filepath.Join(base, "tierfs.log"), nil, append(args, mnt)...)
+		check(err)
+		undo = append(undo, stop)
+		configs = append(configs, cfg)
+		if c.remote {
+			fmt.Fprintln(os.Stderr, "waiting for every rolled segment to be evicted")
+			t0 := time.Now()
+			check(benchutil.WaitFor(func() bool { return evictedAll(mnt, *partitions) }, 60*time.Minute, "evicted"))
+			fmt.Fprintf(os.Stderr, "evicted in %v\n", time.Since(t0).Round(time.Second))
+		}
+	}
+
+	for r := range *runs {
+		for k := range configs {
+			c := configs[(k+r)%len(configs)]
+			check(br.SetLogDir(c.logDir))
+			var before cost
+			if c.metrics != "" {
+				before = costOf(c.metrics, c.backing)
+			}
+			benchutil.DropCaches()
+			var serr error
+			d := benchutil.Time(func() { serr = br.Restart() })
+			check(serr)
+			if c.metrics != "" {
+				time.Sleep(3 * time.Second) // a move or a fetch the start began shows by now
+				after := costOf(c.metrics, c.backing)
+				c.moves += after.moves - before.moves
+				c.hydrated += after.hydrated - before.hydrated
+				c.fetched += after.fetched - before.fetched
+				c.localGrew = max(c.localGrew, after.local-before.local)
+			}
+			check(br.Stop())
+			c.starts = append(c.starts, d.Seconds())
+			fmt.Fprintf(os.Stderr, "run %d, %s: start %.1f s\n", r+1, c.name, d.Seconds())
+		}
+	}
+	if p := br.Problems(); len(p) > 0 {
+		check(fmt.Errorf("the broker logged:\n%s", strings.Join(p, "\n")))
+	}
+	fail(nil)
+
+	rep := benchutil.Report{
+		Name:  "kafkastart",
+		Title: "A Kafka broker's start-up with many segments",
+		Notes: []string{fmt.Sprintf("Kafka %s broker (KRaft, one node), one topic of %d partitions with %d segments (%.0f MB of .log) that the broker wrote itself (segments rolled by segment.ms) and then stopped cleanly; the same log dir copied to each configuration. One broker is pointed at each in turn, in an order that rotates, the page cache dropped before each start; a start is timed from the process's start to \"Kafka Server started\", then the broker stops cleanly. Medians of %d starts; × plain and × mount: median of per-run ratios to the plain directory and to tierfs without a remote. On %s; %s.",
+			kafkaVersion(), *partitions, segs, float64(bytes)/1e6, *runs, where, benchutil.Machine())},
+		Header:   []string{"configuration", "start-up, s", "× plain", "× mount", "moves", "bytes hydrated", "bytes fetched", "local bytes grew by"},
+		Versions: map[string]string{"Kafka": kafkaVersion()},
+	}
+	chart := benchutil.Chart{Title: fmt.Sprintf("Kafka start-up, %d segments", segs), Unit: "s", LowerIsBetter: true}
+	for _, c := range configs {
+		vsMount := "–"
+		if c != configs[0] {
+			vsMount = fmt.Sprintf("%.2f", benchutil.Median(benchutil.Ratios(c.starts, configs[1].starts)))
+		}
+		costs := []string{"–", "–", "–", "–"}
+		if c.metrics != "" {
+			costs = []string{fmt.Sprintf("%.0f", c.moves), fmt.Sprintf("%.0f", c.hydrated), fmt.Sprintf("%.0f", c.fetched), fmt.Sprint(c.localGrew)}
+		}
+		rep.Rows = append(rep.Rows, append([]string{c.name, fmt.Sprintf("%.1f", benchutil.Median(c.starts)),
+			fmt.Sprintf("%.2f", benchutil.Median(benchutil.Ratios(c.starts, configs[0].starts))), vsMount}, costs...))
+		chart.Bars = append(chart.Bars, benchutil.Bar{Label: c.name, Value: benchutil.Median(c.starts)})
+	}
+	rep.After = []string{"moves, bytes hydrated and bytes fetched are summed over all starts of the tiered mount (each measured from just before the start to 3 s after \"Kafka Server started\"); local bytes grew by: the largest growth of the backing directory's allocated bytes over one start."}
+	rep.Charts = []benchutil.Chart{chart}
+	if err := rep.Emit(); err != nil {
+		fmt.Fprintln(os.Stderr, "bench-kafka-start:", err)
+		os.Exit(1)
+	}
+}
+
+// produce writes records rounds at a time: round j is record j of every
+// partition, stamped kafka.TSBase+j ms, acknowledged before the next.
+func produce(br *kafka.Broker, topic string, partitions, rounds, size int) error {
+	c, err := kgo.NewClient(kgo.SeedBrokers(br.Addr), kgo.RecordPartitioner(kgo.ManualPartitioner()), kgo.ProducerLinger(0), kgo.ProducerBatchCompression(kgo.NoCompression()))
+	if err != nil {
+		return err
+	}
+	defer c.Close()
+	ctx := context.Background()
+	value := make([]byte, size)
+	for i := range value {
+		value[i] = byte(i*7 + i/13)
+	}
+	for j := range rounds {
+		for p := range partitions {
+			c.Produce(ctx, &kgo.Record{Topic: topic, Partition: int32(p), Key: []byte(fmt.Sprintf("k-%d-%d", p, j)), Value: value,
+				Timestamp: time.UnixMilli(kafka.TSBase + int64(j))}, nil)
+		}
+		if err := c.Flush(ctx); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// cost is what the tiered mount did so far, and its local bytes.
+type cost struct {
+	moves, hydrated, fetched float64
+	local                    int64
+}
+
+func costOf(addr, backing string) cost {
+	m := scrape(addr)
+	return cost{moves: m["tierfs_moves_total"], hydrated: m["tierfs_hydrated_bytes_total"], fetched: m["tierfs_remote_fetch_bytes_total"], local: allocated(backing)}
+}
+
+// scrape sums each metric over its label sets.
+func scrape(addr string) map[string]float64 {
+	out := map[string]float64{}
+	resp, err := http.Get("http://" + addr + "/metrics")
+	if err != nil {
+		return out
+	}
+	defer resp.Body.Close()
+	sc := bufio.NewScanner(resp.Body)
+	for sc.Scan() {
+		l := sc.Text()
+		if strings.HasPrefix(l, "#") {
+			continue
+		}
+		name := l[:strings.IndexAny(l, "{ ")]
+		if v, err := strconv.ParseFloat(l[strings.LastIndexByte(l, ' ')+1:], 64); err == nil {
+			out[name] += v
+		}
+	}
+	return out
+}
+
+func allocated(dir string) int64 {
+	var n int64
+	filepath.Walk(dir, func(p string, fi os.FileInfo, err error) error {
+		if err == nil && fi.Mode().IsRegular() {
+			n += fi.Sys().(*syscall.Stat_t).Blocks * 512
+		}
+		return nil
+	})
+	return n
+}
+
+// countSegments counts the .log files under dir and their bytes.
+func countSegments(dir string) (n int, bytes int64) {
+	filepath.Walk(dir, func(p string, fi os.FileInfo, err error) error {
+		if err == nil && fi.Mode().IsRegular() && strings.HasSuffix(p, ".log") {
+			n++
+			bytes += fi.Size()
+		}
+		return nil
+	})
+	return n, bytes
+}
+
+// evictedAll says whether every partition has all its segments but the
+// active one evicted.
+func evictedAll(mnt string, partitions int) bool {
+	parts, _ := filepath.Glob(filepath.Join(mnt, "*-*"))
+	if len(parts) < partitions {
+		return false
+	}
+	for _, p := range parts {
+		logs, _ := filepath.Glob(filepath.Join(p, "*.log"))
+		if strings.Contains(p, "__") {
+			continue
+		}
+		for _, l := range logs[:max(len(logs)-1, 0)] {
+			if benchutil.Xattr(l, "user.tierfs.state") != "remote" {
+				return false
+			}
+		}
+	}
+	return true
+}
+
+func freeAddr() (string, error) {
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		return "", err
+	}
+	defer l.Close()
+	return l.Addr().String(), nil
+}
+
+func kafkaVersion() string {
+	m, _ := filepath.Glob(filepath.Join(kafka.LibDir(), "kafka_2.13-*.jar"))
+	if len(m) == 0 {
+		return "?"
+	}
+	return strings.TrimSuffix(strings.TrimPrefix(filepath.Base(m[0]), "kafka_2.13-"), ".jar")
+}
+
+func createTopic(br *kafka.Broker, topic string, partitions int, configs map[string]*string) error {
+	c, err := kgo.NewClient(kgo.SeedBrokers(br.Addr))
+	if err != nil {
+		return err
+	}
+	defer c.Close()
+	res, err := kadm.NewClient(c).CreateTopic(context.Background(), int32(partitions), 1, configs, topic)
+	if err == nil {
+		err = res.Err
+	}
+	return err
+}
