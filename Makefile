@@ -13,11 +13,12 @@ install: build
 	install -m 0755 $(BIN) /usr/local/bin/tierfs
 	ln -sf /usr/local/bin/tierfs /sbin/mount.tierfs
 
-# Unit tests and real-mount tests (the mount tests need root and /dev/fuse).
+# Unit tests and real-mount tests (the mount tests need root and /dev/fuse);
+# scripts/test runs the Kafka end-to-end cases in two go test runs at once.
 test: build
 	$(GO) vet ./...
 	FUZZTIME=30000x scripts/fuzz
-	$(GO) test -count=1 -timeout 20m ./...
+	scripts/test
 
 # Every fuzz target for FUZZTIME each (default 5s; e.g. make fuzz FUZZTIME=10m).
 # make test runs a count (30000x), not a duration: a duration can end in the
