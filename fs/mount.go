@@ -154,6 +154,10 @@ func (m *Mounted) start() error {
 
 	entry, attr := cfg.EntryTimeout, cfg.AttrTimeout
 	opts := &gofs.Options{
+		// A file or directory with no permission bits (mode 0000) is
+		// shown as it is: go-fuse would show 0644 (0755), and the kernel
+		// checks access (default_permissions) against what is shown.
+		NullPermissions: true,
 		EntryTimeout:    &entry,
 		AttrTimeout:     &attr,
 		NegativeTimeout: &entry,

@@ -253,6 +253,7 @@ func (n *node) Getattr(ctx context.Context, f gofs.FileHandle, out *fuse.AttrOut
 			n.fixNlink(lf.backingFd(), &out.Attr)
 		}
 		n.moveAttr(&out.Attr)
+		n.hideStateDirLink(&out.Attr)
 		return errno
 	}
 	fd, unpin, err := n.pin()
@@ -267,7 +268,21 @@ func (n *node) Getattr(ctx context.Context, f gofs.FileHandle, out *fuse.AttrOut
 	fillAttr(&out.Attr, &st)
 	n.fixNlink(fd, &out.Attr)
 	n.moveAttr(&out.Attr)
+	n.hideStateDirLink(&out.Attr)
 	return 0
+}
+
+// hideStateDirLink leaves the hidden state directory out of the root's
+// link count (its ".." is a link of the root), so the root counts the
+// subdirectories a user sees, as ls and find expect.
+func (n *node) hideStateDirLink(a *fuse.Attr) {
+	if !n.isRoot() || a.Nlink <= 2 {
+		return
+	}
+	var st unix.Stat_t
+	if unix.Fstatat(n.root.backingFd, StateDirName, &st, unix.AT_SYMLINK_NOFOLLOW) == nil && st.Mode&unix.S_IFMT == unix.S_IFDIR {
+		a.Nlink--
+	}
 }
 
 func (n *node) Setattr(ctx context.Context, f gofs.FileHandle, in *fuse.SetAttrIn, out *fuse.AttrOut) syscall.Errno {
@@ -322,6 +337,7 @@ func (n *node) setattr(ctx context.Context, f gofs.FileHandle, in *fuse.SetAttrI
 	}
 	fillAttr(&out.Attr, &st)
 	n.moveAttr(&out.Attr)
+	n.hideStateDirLink(&out.Attr)
 	return 0
 }
 
