@@ -111,7 +111,7 @@ func main() {
 		starts  []float64
 		// On the tiered mount: what each start cost.
 		moves, hydrated, fetched float64
-		localGrew              int64
+		localGrew                int64
 	}
 	configs := []*config{{name: "plain directory", logDir: plain}}
 	for i, c := range []struct {
