@@ -15,6 +15,7 @@ import (
 
 	gofs "github.com/hanwen/go-fuse/v2/fs"
 	"github.com/hanwen/go-fuse/v2/fuse"
+	"github.com/hanwen/go-fuse/v2/splice"
 	"golang.org/x/sys/unix"
 )
 
@@ -99,6 +100,18 @@ type Mounted struct {
 // large writes than the 128 KiB default.
 const maxWrite = 1 << 20
 
+// maxIO is the largest READ and WRITE the kernel sends (go-fuse sets
+// max_read to MaxWrite): maxWrite, less what a read reply must leave of
+// the largest pipe (fs.pipe-max-size, 1 MiB by default) for its header
+// and the page go-fuse keeps free, so that every read of a local file
+// is spliced (a 1 MiB read and its header never fit a 1 MiB pipe, and
+// go-fuse copied each one instead).
+func maxIO() int {
+	page := os.Getpagesize()
+	fit := (splice.MaxPipeSize() - 2*page) / page * page
+	return max(min(maxWrite, fit), 32*page)
+}
+
 // maxReadAhead is what the init reply allows the kernel's readahead to be
 // (the largest --read-ahead that takes effect).
 const maxReadAhead = 64 << 20
@@ -166,7 +179,7 @@ func (m *Mounted) start() error {
 			Name:       "tierfs",
 			AllowOther: m.root.asRoot,
 			Options:    []string{"default_permissions"},
-			MaxWrite:   maxWrite,
+			MaxWrite:   maxIO(),
 			// The cap on kernel readahead: the window is set after the
 			// mount (setReadAhead).
 			MaxReadAhead: maxReadAhead,
@@ -180,8 +193,13 @@ func (m *Mounted) start() error {
 	if cfg.ReadOnly {
 		opts.MountOptions.Options = append(opts.MountOptions.Options, "ro")
 	}
+	// go-fuse's own messages go to the mount's logger (as warnings: it
+	// writes only when something is off); with Debug, its trace of every
+	// request goes to stderr as it is.
+	opts.Logger = slog.NewLogLogger(cfg.Log.Handler(), slog.LevelWarn)
+	opts.MountOptions.Logger = opts.Logger
 	if cfg.Debug {
-		opts.Logger = log.New(os.Stderr, "go-fuse: ", 0)
+		opts.MountOptions.Logger = log.New(os.Stderr, "go-fuse: ", 0)
 	}
 	var raw fuse.RawFileSystem = &passthroughWatch{RawFileSystem: gofs.NewNodeFS(m.root.rootNode, opts), root: m.root}
 	if cfg.Ops != nil {
