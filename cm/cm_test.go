@@ -18,6 +18,8 @@ import (
 	"time"
 
 	"golang.org/x/sys/unix"
+
+	"github.com/tierfs/tierfs/internal/testenv"
 )
 
 // sim makes changes to a tree the way fs does through a mount: each
@@ -561,7 +563,7 @@ func (f fakeRemote) OpenIfRemote(path string) (io.ReaderAt, io.Closer, bool, err
 // not as the hole its local file is.
 func TestCMRootOnAnotherFileSystem(t *testing.T) {
 	if _, err := os.Stat("/dev/shm"); err != nil {
-		t.Skip("no /dev/shm")
+		testenv.Missing(t, "no /dev/shm")
 	}
 	content := bytes.Repeat([]byte("remote bytes "), 1000)
 	root := filepath.Join(t.TempDir(), "tree")
@@ -580,7 +582,7 @@ func TestCMRootOnAnotherFileSystem(t *testing.T) {
 	os.WriteFile(seg, nil, 0o644)
 	os.Truncate(seg, int64(len(content))) // the evicted file: all hole
 	if err := unix.Setxattr(seg, "user.evicted", []byte("seg"), 0); err != nil {
-		t.Skip("no user xattrs here:", err)
+		testenv.Missing(t, "no user xattrs here: %v", err)
 	}
 	os.WriteFile(filepath.Join(root, "local"), []byte("local bytes"), 0o644)
 	dfd, _ := unix.Open(root, unix.O_PATH|unix.O_DIRECTORY, 0)

@@ -14,6 +14,8 @@ import (
 	"syscall"
 	"testing"
 	"time"
+
+	"github.com/tierfs/tierfs/internal/testenv"
 )
 
 // fakeMount is a Handler that "ships" in steps and fails on demand.
@@ -175,7 +177,7 @@ func TestMain(m *testing.M) {
 
 func TestOtherUsersAreRefused(t *testing.T) {
 	if os.Getuid() != 0 {
-		t.Skip("needs root to run a helper as another user")
+		testenv.Missing(t, "needs root to run a helper as another user")
 	}
 	mp, h := serveFake(t)
 	// A copy of the test binary that nobody can run.
@@ -198,7 +200,7 @@ func TestOtherUsersAreRefused(t *testing.T) {
 	cmd.SysProcAttr = &syscall.SysProcAttr{Credential: &syscall.Credential{Uid: 65534, Gid: 65534}}
 	out, err := cmd.CombinedOutput()
 	if err != nil {
-		t.Skipf("cannot run the test binary as nobody: %v %s", err, out)
+		testenv.Missing(t, "cannot run the test binary as nobody: %v %s", err, out)
 	}
 	if !strings.Contains(string(out), "uid 65534 may not control this mount") {
 		t.Fatalf("helper said %s", out)

@@ -22,6 +22,7 @@ import (
 
 	"github.com/tierfs/tierfs/chunkxfer/store/s3test"
 	"github.com/tierfs/tierfs/idx/kafka/kafkatest"
+	"github.com/tierfs/tierfs/internal/testenv"
 )
 
 var tierfsBin string
@@ -67,10 +68,10 @@ func freeAddr(t *testing.T) string {
 
 func requireRoot(t *testing.T) {
 	if os.Geteuid() != 0 {
-		t.Skip("needs root (CI runs as root)")
+		testenv.Missing(t, "needs root")
 	}
 	if _, err := os.Stat("/dev/fuse"); err != nil {
-		t.Skip("needs /dev/fuse")
+		testenv.Missing(t, "needs /dev/fuse")
 	}
 }
 

@@ -8,6 +8,8 @@ import (
 	"strings"
 	"syscall"
 	"testing"
+
+	"github.com/tierfs/tierfs/internal/testenv"
 )
 
 // asNobody runs a command as uid and gid 65534 and says how it went:
@@ -36,7 +38,7 @@ func asNobody(t *testing.T, name string, args ...string) string {
 func TestModesAsTheBackingFile(t *testing.T) {
 	requireMount(t)
 	if os.Geteuid() != 0 {
-		t.Skip("needs root to act as another user")
+		testenv.Missing(t, "needs root to act as another user")
 	}
 	for _, passthrough := range []bool{false, true} {
 		t.Run(fmt.Sprintf("passthrough=%v", passthrough), func(t *testing.T) {

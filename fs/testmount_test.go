@@ -20,6 +20,8 @@ import (
 	"github.com/tierfs/tierfs/cm"
 	"github.com/tierfs/tierfs/fs/posixtest"
 	"golang.org/x/sys/unix"
+
+	"github.com/tierfs/tierfs/internal/testenv"
 )
 
 // Environment of the server helper (see serveForTest).
@@ -139,10 +141,10 @@ func serveForTest() int {
 func requireMount(t testing.TB) {
 	t.Helper()
 	if os.Geteuid() != 0 {
-		t.Skip("needs root to mount FUSE")
+		testenv.Missing(t, "needs root to mount FUSE")
 	}
 	if _, err := os.Stat("/dev/fuse"); err != nil {
-		t.Skip("needs /dev/fuse")
+		testenv.Missing(t, "needs /dev/fuse")
 	}
 }
 
