@@ -288,24 +288,7 @@ func lineOf(p string, e *entry) FileLine {
 }
 
 func writeFileSync(path, data string) error {
-	tmp := path + ".tmp"
-	f, err := os.OpenFile(tmp, os.O_WRONLY|os.O_CREATE|os.O_TRUNC, 0o644)
-	if err != nil {
-		return err
-	}
-	if _, err := f.WriteString(data); err != nil {
-		f.Close()
-		return err
-	}
-	if err := f.Sync(); err != nil {
-		f.Close()
-		return err
-	}
-	f.Close()
-	if err := os.Rename(tmp, path); err != nil {
-		return err
-	}
-	return fsutil.SyncDir(filepath.Dir(path))
+	return fsutil.WriteFileAtomic(path, []byte(data), 0o644)
 }
 
 // ReadDump reads and checks a dump: its header, its events and its lines.

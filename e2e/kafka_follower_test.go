@@ -118,24 +118,38 @@ func TestKafkaFollower(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	data, err := store.ReadAll(st.Get(context.Background(), s.Topic+"-0/"+idx.FileName, 0, -1, store.GetOptions{}))
-	if err != nil {
-		t.Fatal(err)
-	}
-	x, _, err := idx.ParseIndex("store index", data)
-	if err != nil {
-		t.Fatal(err)
-	}
-	var indexed int64
-	last := int64(-1)
-	for _, e := range x.All() {
-		if last >= 0 && e.FirstOffset != last+1 {
-			t.Errorf("the store's index has a gap: offsets %d..%d missing", last+1, e.FirstOffset-1)
+	// The new leader may still be shipping: the index and the objects
+	// are compared when neither changed between two looks.
+	readIndex := func() (indexed, last int64, gaps []string) {
+		data, err := store.ReadAll(st.Get(context.Background(), s.Topic+"-0/"+idx.FileName, 0, -1, store.GetOptions{}))
+		if err != nil {
+			t.Fatal(err)
 		}
-		indexed += int64(e.DataLength)
-		last = e.LastOffset
+		x, _, err := idx.ParseIndex("store index", data)
+		if err != nil {
+			t.Fatal(err)
+		}
+		last = -1
+		for _, e := range x.All() {
+			if last >= 0 && e.FirstOffset != last+1 {
+				gaps = append(gaps, fmt.Sprintf("offsets %d..%d missing", last+1, e.FirstOffset-1))
+			}
+			indexed += int64(e.DataLength)
+			last = e.LastOffset
+		}
+		return indexed, last, gaps
 	}
-	stored := storeLogBytesURL(t, r)
+	var indexed, last, stored int64
+	var gaps []string
+	waitFor(t, time.Minute, "the store's index and objects at rest", func() bool {
+		indexed, last, gaps = readIndex()
+		stored = storeLogBytesURL(t, r)
+		again, _, _ := readIndex()
+		return again == indexed && stored == storeLogBytesURL(t, r)
+	}, follower.Log)
+	for _, g := range gaps {
+		t.Errorf("the store's index has a gap: %s", g)
+	}
 	if indexed != stored {
 		t.Errorf("the store holds %d bytes of segments, its index %d: bytes stored twice, or not indexed", stored, indexed)
 	}

@@ -9,6 +9,8 @@ import (
 	"os"
 	"path/filepath"
 	"sort"
+
+	"github.com/tierfs/tierfs/internal/fsutil"
 )
 
 // The remote offset index and remote timestamp index of a segment have the
@@ -225,34 +227,11 @@ func LoadRemoteIndexes(dir string, x *Index, base, next int64) (ri RemoteIndexes
 // WriteRemoteIndexes writes a segment's remote indexes into dir, each
 // atomically (a synced temporary file renamed into place).
 func WriteRemoteIndexes(dir string, ri RemoteIndexes) error {
-	if err := writeAtomic(filepath.Join(dir, RemoteOffsetIndexName(ri.Base)), ri.MarshalOffsets()); err != nil {
+	if err := fsutil.WriteFileAtomic(filepath.Join(dir, RemoteOffsetIndexName(ri.Base)), ri.MarshalOffsets(), 0o644); err != nil {
 		return err
 	}
-	if err := writeAtomic(filepath.Join(dir, RemoteTimeIndexName(ri.Base)), ri.MarshalTimes()); err != nil {
+	if err := fsutil.WriteFileAtomic(filepath.Join(dir, RemoteTimeIndexName(ri.Base)), ri.MarshalTimes(), 0o644); err != nil {
 		return err
 	}
 	return syncDir(dir)
-}
-
-func writeAtomic(path string, data []byte) error {
-	tmp := path + ".tmp"
-	f, err := os.OpenFile(tmp, os.O_WRONLY|os.O_CREATE|os.O_TRUNC, 0o644)
-	if err != nil {
-		return err
-	}
-	if _, err := f.Write(data); err != nil {
-		f.Close()
-		os.Remove(tmp)
-		return err
-	}
-	if err := f.Sync(); err != nil {
-		f.Close()
-		os.Remove(tmp)
-		return err
-	}
-	if err := f.Close(); err != nil {
-		os.Remove(tmp)
-		return err
-	}
-	return os.Rename(tmp, path)
 }

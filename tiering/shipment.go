@@ -18,6 +18,7 @@ import (
 	"github.com/tierfs/tierfs/chunkxfer/store"
 	"github.com/tierfs/tierfs/idx"
 	"github.com/tierfs/tierfs/idx/kafka"
+	"github.com/tierfs/tierfs/internal/fsutil"
 )
 
 // A Shipment is the catalog entry of one shipped version of a segment:
@@ -366,29 +367,11 @@ func (t *Tierer) dropEmptyIndex(ctx context.Context, partition string) error {
 	return os.RemoveAll(filepath.Dir(f.Path()))
 }
 
-// writeFileAtomic writes a small state file beside itself, syncs it and
-// renames it into place.
+// writeFileAtomic writes a small state file durably (see
+// fsutil.WriteFileAtomic), making its directory first.
 func writeFileAtomic(path string, b []byte) error {
 	if err := os.MkdirAll(filepath.Dir(path), 0o755); err != nil {
 		return err
 	}
-	tmp := path + ".tmp"
-	f, err := os.OpenFile(tmp, os.O_WRONLY|os.O_CREATE|os.O_TRUNC, 0o644)
-	if err != nil {
-		return err
-	}
-	_, err = f.Write(b)
-	if err == nil {
-		err = f.Sync()
-	}
-	if cerr := f.Close(); err == nil {
-		err = cerr
-	}
-	if err == nil {
-		err = os.Rename(tmp, path)
-	}
-	if err != nil {
-		os.Remove(tmp)
-	}
-	return err
+	return fsutil.WriteFileAtomic(path, b, 0o644)
 }
