@@ -95,12 +95,14 @@ func (t *Tierer) Hydrate(ctx context.Context, path string, progress chunkxfer.Pr
 	if fst.Ino != rec.Ino || fst.Size != rec.Size {
 		return fmt.Errorf("%s is another file now (inode %d, %d bytes; recorded %d, %d bytes)", path, fst.Ino, fst.Size, rec.Ino, rec.Size)
 	}
+	t.crashPoint(CrashHydrateMarked)
 	if err := t.fetchInto(ctx, rec, f); err != nil {
 		return err
 	}
 	if err := t.restoreIndexes(ctx, path, rec); err != nil {
 		return err
 	}
+	t.crashPoint(CrashHydrateFetched)
 	// Under the gate no read of local bytes or write is under way: the
 	// file becomes local with its own mtime back.
 	unlock := t.cfg.Gate.Lock(rec.Ino)

@@ -75,6 +75,32 @@ type Config struct {
 	StoreID string
 	Log     *slog.Logger
 	Now     func() time.Time
+	// CrashAt, when set, is called at each crash point (a step between
+	// two writes that a crash there must not make unsafe); the tests of
+	// crash safety make it kill the process.
+	CrashAt func(CrashPoint)
+}
+
+// CrashPoint names a step of the tierer where a crash is tested.
+type CrashPoint string
+
+// The crash points.
+const (
+	// CrashEvictMarked: a segment is recorded remote (and unfreed), its
+	// bytes not punched yet.
+	CrashEvictMarked CrashPoint = "evict-marked"
+	// CrashHydrateMarked: a hydration recorded the file unfreed, nothing
+	// downloaded yet.
+	CrashHydrateMarked CrashPoint = "hydrate-marked"
+	// CrashHydrateFetched: a hydration's bytes are in the file, which is
+	// still recorded remote.
+	CrashHydrateFetched CrashPoint = "hydrate-fetched"
+)
+
+func (t *Tierer) crashPoint(p CrashPoint) {
+	if t.cfg.CrashAt != nil {
+		t.cfg.CrashAt(p)
+	}
 }
 
 // Tierer ships and evicts the segments of one log directory.
@@ -1057,6 +1083,7 @@ func (t *Tierer) Evict(path string) error {
 	if err := writeRecord(path, rec); err != nil {
 		return err
 	}
+	t.crashPoint(CrashEvictMarked)
 	if _, err := t.finishEvict(Segment{Path: path}, rec); err != nil {
 		return err
 	}

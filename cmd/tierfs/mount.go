@@ -8,6 +8,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"log/slog"
 	"net/url"
 	"os"
 	"os/signal"
@@ -149,6 +150,7 @@ func runMount(c *cli.Context) error {
 			StoreID:                  storeID(url),
 			BrokerID:                 c.String("broker-id"),
 			Log:                      log,
+			CrashAt:                  crashAt(log),
 		})
 		if err != nil {
 			return err
@@ -301,4 +303,24 @@ func redactURL(raw string) string {
 		return "(unparsable)"
 	}
 	return u.Redacted()
+}
+
+// crashAtEnv names a crash point (tiering.CrashPoint) at which the
+// mount kills itself (SIGKILL), for the end-to-end tests of crash
+// safety. Unset, as it always is in use, there are none.
+const crashAtEnv = "TIERFS_TEST_CRASH_AT"
+
+func crashAt(log *slog.Logger) func(tiering.CrashPoint) {
+	want := tiering.CrashPoint(os.Getenv(crashAtEnv))
+	if want == "" {
+		return nil
+	}
+	log.Warn("this mount kills itself at a crash point (a test)", "env", crashAtEnv, "point", want)
+	return func(p tiering.CrashPoint) {
+		if p == want {
+			log.Warn("crash point reached: killing the mount", "point", p)
+			syscall.Kill(os.Getpid(), syscall.SIGKILL)
+			select {} // the signal is on its way
+		}
+	}
 }
