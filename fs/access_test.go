@@ -8,6 +8,7 @@ import (
 	"strings"
 	"syscall"
 	"testing"
+	"time"
 
 	"github.com/tierfs/tierfs/internal/testenv"
 )
@@ -175,5 +176,34 @@ func TestLargeReadsAreSpliced(t *testing.T) {
 	}
 	if log := srv.Log(); strings.Contains(log, "trySplice") || strings.Contains(log, "max pipe size") {
 		t.Errorf("reads fell back from splice:\n%s", log)
+	}
+}
+
+// TestChownUnchangedUpdatesCtime: chown(path, -1, -1) changes no owner
+// but updates ctime, on ext4 and through the mount alike.
+func TestChownUnchangedUpdatesCtime(t *testing.T) {
+	for _, passthrough := range []bool{false, true} {
+		t.Run(fmt.Sprintf("passthrough=%v", passthrough), func(t *testing.T) {
+			backing := filepath.Join(t.TempDir(), "backing")
+			if err := os.Mkdir(backing, 0o755); err != nil {
+				t.Fatal(err)
+			}
+			srv := mountTest(t, backing, passthrough)
+			for _, root := range []string{backing, srv.Mountpoint} {
+				p := filepath.Join(root, "f-"+filepath.Base(root))
+				if err := os.WriteFile(p, []byte("x"), 0o644); err != nil {
+					t.Fatal(err)
+				}
+				before := stat(t, p)
+				time.Sleep(20 * time.Millisecond)
+				if err := os.Chown(p, -1, -1); err != nil {
+					t.Fatal(err)
+				}
+				after := stat(t, p)
+				if after.Ctim == before.Ctim {
+					t.Errorf("chown(-1, -1) of %s left ctime at %v", p, before.Ctim)
+				}
+			}
+		})
 	}
 }

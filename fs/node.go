@@ -285,7 +285,16 @@ func (n *node) hideStateDirLink(a *fuse.Attr) {
 	}
 }
 
+// setattrContext are the SETATTR fields that say how, not what: a
+// request with nothing else is a chown to the owner the file has.
+const setattrContext = fuse.FATTR_FH | fuse.FATTR_LOCKOWNER
+
 func (n *node) Setattr(ctx context.Context, f gofs.FileHandle, in *fuse.SetAttrIn, out *fuse.AttrOut) syscall.Errno {
+	if in.Valid&^setattrContext == 0 {
+		// chown(-1, -1): no owner changes, but ctime does, as on the
+		// backing file system.
+		return n.touchCtime(out)
+	}
 	sz, ok := in.GetSize()
 	if !ok || n.root.changes == nil {
 		return n.setattr(ctx, f, in, out)
@@ -489,4 +498,25 @@ func (n *node) Listxattr(ctx context.Context, dest []byte) (uint32, syscall.Errn
 		return 0, syscall.ERANGE
 	}
 	return uint32(copy(dest, list)), 0
+}
+
+// touchCtime updates the inode's ctime as a chown to the same owner
+// does, and replies with its attributes.
+func (n *node) touchCtime(out *fuse.AttrOut) syscall.Errno {
+	fd, unpin, err := n.pin()
+	if err != nil {
+		return toErrno(err)
+	}
+	defer unpin()
+	if err := unix.Fchownat(fd, "", -1, -1, unix.AT_EMPTY_PATH); err != nil {
+		return toErrno(err)
+	}
+	var st unix.Statx_t
+	if err := statxAt(fd, "", &st); err != nil {
+		return toErrno(err)
+	}
+	fillAttr(&out.Attr, &st)
+	n.moveAttr(&out.Attr)
+	n.hideStateDirLink(&out.Attr)
+	return 0
 }
