@@ -135,6 +135,9 @@ const helperEnv = "POSIXTEST_LOCK_HELPER"
 // runs the suite: the lock case re-executes the test binary as a second
 // process, because POSIX record locks only conflict between processes.
 func RunHelperIfAsked() {
+	if runStepIfAsked() {
+		os.Exit(0)
+	}
 	path := os.Getenv(helperEnv)
 	if path == "" {
 		return
