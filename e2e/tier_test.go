@@ -21,6 +21,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/tierfs/tierfs/chunkxfer/store/s3test"
+	"github.com/tierfs/tierfs/fs/posixtest"
 	"github.com/tierfs/tierfs/idx/kafka/kafkatest"
 	"github.com/tierfs/tierfs/internal/testenv"
 )
@@ -28,6 +29,7 @@ import (
 var tierfsBin string
 
 func TestMain(m *testing.M) {
+	posixtest.RunHelperIfAsked() // a step of an access case, as another user
 	dir, err := os.MkdirTemp("", "tierfs-e2e-bin-")
 	if err != nil {
 		panic(err)

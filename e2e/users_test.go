@@ -10,6 +10,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/tierfs/tierfs/fs/posixtest"
 	"github.com/tierfs/tierfs/idx/kafka/kafkatest"
 )
 
@@ -84,5 +85,53 @@ func TestCommandsRefusedForOtherUsers(t *testing.T) {
 	}
 	if out, code := asNobody("status", mnt); code != 0 || !strings.Contains(out, "orders-0") {
 		t.Errorf("status as nobody: exit %d:\n%s", code, out)
+	}
+}
+
+// TestAccessThroughEveryMount: the access-control cases (fs/posixtest,
+// each step as an unprivileged user) observe on the tierfs binary's
+// mounts what they observe on a plain directory: --backing with a
+// remote, in place (the mount over its own backing directory) with a
+// remote, with --cm, and without passthrough.
+func TestAccessThroughEveryMount(t *testing.T) {
+	requireRoot(t)
+	for _, v := range []struct {
+		name    string
+		inPlace bool
+		flags   []string
+	}{
+		{"remote", false, []string{"--remote", "REMOTE", "--ship-after", "1000h"}},
+		{"in-place remote", true, []string{"--remote", "REMOTE", "--ship-after", "1000h"}},
+		{"cm", false, []string{"--cm"}},
+		{"no passthrough", false, []string{"--passthrough=false"}},
+	} {
+		t.Run(v.name, func(t *testing.T) {
+			dir, backing, mnt := mountDirs(t)
+			native := filepath.Join(dir, "native")
+			if err := os.Mkdir(native, 0o755); err != nil {
+				t.Fatal(err)
+			}
+			for d := dir; d != "/" && strings.HasPrefix(d, os.TempDir()); d = filepath.Dir(d) {
+				os.Chmod(d, 0o755)
+			}
+			if v.inPlace {
+				mnt = backing
+			}
+			args := []string{"--backing", backing}
+			if v.inPlace {
+				args = nil
+			}
+			for _, f := range v.flags {
+				args = append(args, strings.Replace(f, "REMOTE", "file://"+filepath.Join(dir, "remote"), 1))
+			}
+			startMount(t, nil, append(args, mnt)...)
+			for _, c := range posixtest.AccessCases() {
+				want := posixtest.RunAccess(t, c, filepath.Join(native, c.Name))
+				got := posixtest.RunAccess(t, c, filepath.Join(mnt, c.Name))
+				if d := posixtest.Diff(want, got); d != "" {
+					t.Errorf("%s: the mount differs from a plain directory:\n%s", c.Name, d)
+				}
+			}
+		})
 	}
 }
