@@ -336,7 +336,9 @@ func AccessCases() []AccessCase {
 			{UserB, func(dir string, tr *Transcript) { tr.Err("chmod 0777", unix.Chmod(filepath.Join(dir, "f"), 0o777)) }, "chmod"},
 			{UserB, func(dir string, tr *Transcript) { tr.Err("chown to B", os.Chown(filepath.Join(dir, "f"), UserB, -1)) }, "chown"},
 			{UserA, func(dir string, tr *Transcript) { tr.Err("chown to B", os.Chown(filepath.Join(dir, "f"), UserB, -1)) }, "chown"},
-			{UserA, func(dir string, tr *Transcript) { tr.Err("chgrp to B's group", os.Chown(filepath.Join(dir, "f"), -1, GroupB)) }, "chgrp"},
+			{UserA, func(dir string, tr *Transcript) {
+				tr.Err("chgrp to B's group", os.Chown(filepath.Join(dir, "f"), -1, GroupB))
+			}, "chgrp"},
 			{UserA, func(dir string, tr *Transcript) {
 				tr.Err("chgrp to a group of A's", os.Chown(filepath.Join(dir, "f"), -1, GroupShared))
 			}, "chgrp"},
