@@ -261,15 +261,21 @@ func (n *node) Getattr(ctx context.Context, f gofs.FileHandle, out *fuse.AttrOut
 		return toErrno(err)
 	}
 	defer unpin()
+	return toErrno(n.attrOf(fd, &out.Attr))
+}
+
+// attrOf fills a with the attributes of the inode open at fd as the
+// mount shows them.
+func (n *node) attrOf(fd int, a *fuse.Attr) error {
 	var st unix.Statx_t
 	if err := statxAt(fd, "", &st); err != nil {
-		return toErrno(err)
+		return err
 	}
-	fillAttr(&out.Attr, &st)
-	n.fixNlink(fd, &out.Attr)
-	n.moveAttr(&out.Attr)
-	n.hideStateDirLink(&out.Attr)
-	return 0
+	fillAttr(a, &st)
+	n.fixNlink(fd, a)
+	n.moveAttr(a)
+	n.hideStateDirLink(a)
+	return nil
 }
 
 // hideStateDirLink leaves the hidden state directory out of the root's
@@ -340,14 +346,7 @@ func (n *node) setattr(ctx context.Context, f gofs.FileHandle, in *fuse.SetAttrI
 	if err := setattrFd(fd, in); err != nil {
 		return toErrno(err)
 	}
-	var st unix.Statx_t
-	if err := statxAt(fd, "", &st); err != nil {
-		return toErrno(err)
-	}
-	fillAttr(&out.Attr, &st)
-	n.moveAttr(&out.Attr)
-	n.hideStateDirLink(&out.Attr)
-	return 0
+	return toErrno(n.attrOf(fd, &out.Attr))
 }
 
 // setattrFd applies a SETATTR to the inode open at the O_PATH descriptor fd.
@@ -511,12 +510,5 @@ func (n *node) touchCtime(out *fuse.AttrOut) syscall.Errno {
 	if err := unix.Fchownat(fd, "", -1, -1, unix.AT_EMPTY_PATH); err != nil {
 		return toErrno(err)
 	}
-	var st unix.Statx_t
-	if err := statxAt(fd, "", &st); err != nil {
-		return toErrno(err)
-	}
-	fillAttr(&out.Attr, &st)
-	n.moveAttr(&out.Attr)
-	n.hideStateDirLink(&out.Attr)
-	return 0
+	return toErrno(n.attrOf(fd, &out.Attr))
 }

@@ -173,10 +173,7 @@ func TestMoveTruncateToZeroNeedsNoDownload(t *testing.T) {
 func TestMoveRecoversAfterCrash(t *testing.T) {
 	root, bases, _ := logDir(t)
 	s := store.NewMem(nil)
-	tr1, err := New(Config{Root: root, StateDir: filepath.Join(root, ".tierfs"), Store: s, Policy: Policy{ShipAfter: 10 * time.Minute}, LocalRetentionBytes: 1 << 40, ChunkSize: 64 << 10})
-	if err != nil {
-		t.Fatal(err)
-	}
+	tr1 := newTierer(t, root, s, 1<<40) // closed below, as if tierfs died
 	rel, ino, orig := evictedSegment(t, tr1, root, bases)
 	s.Inject(store.Fault{Op: store.OpGet, Err: errors.New("injected outage")})
 	m, err := tr1.StartMove(rel, ino, tiered.CauseWrite)
@@ -288,10 +285,7 @@ func TestMoveWithoutChangeDownloadsNothing(t *testing.T) {
 func TestMoveCrashBeforeFirstChangeKeepsFileRemote(t *testing.T) {
 	root, bases, _ := logDir(t)
 	s := store.NewMem(nil)
-	tr1, err := New(Config{Root: root, StateDir: filepath.Join(root, ".tierfs"), Store: s, Policy: Policy{ShipAfter: 10 * time.Minute}, LocalRetentionBytes: 1 << 40, ChunkSize: 64 << 10})
-	if err != nil {
-		t.Fatal(err)
-	}
+	tr1 := newTierer(t, root, s, 1<<40) // closed below, as if tierfs died
 	rel, ino, orig := evictedSegment(t, tr1, root, bases)
 	p := filepath.Join(root, rel)
 	var evicted syscall.Stat_t
