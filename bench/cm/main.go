@@ -51,31 +51,12 @@ func main() {
 	vs := flag.String("vs", "", "other tierfs binaries (comma-separated) to measure --cm of, beside -tierfs (to compare builds)")
 	fsType := flag.String("fs", "ext4", "measure on a fresh file system of this type (mkfs.TYPE on a loop device, as root); \"\" for a directory in /var/tmp")
 	flag.Parse()
-	work, err := os.MkdirTemp("/var/tmp", "tierfs-bench-cm-")
-	if err != nil {
-		die(err)
-	}
 	// What to undo on the way out, newest first, also when a measurement
-	// fails (fail exits without running deferred calls).
-	var undo []func()
-	fail := func(err error) {
-		for i := len(undo) - 1; i >= 0; i-- {
-			undo[i]()
-		}
-		die(err)
-	}
-	top := work // work becomes the fresh file system below; its image is in top
-	undo = append(undo, func() { os.RemoveAll(top) })
-	defer func() { fail(nil) }()
-	where := "a directory in /var/tmp"
-	if *fsType != "" {
-		dir, done, err := benchutil.FreshFS(work, *fsType, 8<<30)
-		if err != nil {
-			fail(fmt.Errorf("-fs %s: %w (-fs \"\" measures in /var/tmp instead)", *fsType, err))
-		}
-		undo = append(undo, done)
-		work, where = dir, "a fresh "+*fsType+" file system (mkfs defaults, on a loop device)"
-	}
+	// fails (Fail exits without running deferred calls).
+	u := benchutil.NewUndo("bench-cm")
+	fail := u.Fail
+	defer u.Run()
+	work, where := benchutil.WorkDir(u, "/var/tmp", *fsType, 8<<30)
 	configs := []config{
 		{name: "plain directory"},
 		{name: "tierfs", args: []string{}},
@@ -127,7 +108,7 @@ func main() {
 					fail(err)
 				}
 				dirs[i], dones[i] = dir, done
-				undo = append(undo, done)
+				u.Push(done)
 			}
 			spent := make([]time.Duration, len(configs))
 			n := (*ops + *bursts - 1) / *bursts
@@ -355,10 +336,3 @@ func reopen(path string, flags int, fn func(*os.File) error) error {
 }
 
 // die ends the program: with an error, or (nil) normally.
-func die(err error) {
-	if err == nil {
-		os.Exit(0)
-	}
-	fmt.Fprintln(os.Stderr, "bench/cm:", err)
-	os.Exit(1)
-}

@@ -47,22 +47,8 @@ func main() {
 
 	// What to undo on the way out, newest first, also when a measurement
 	// fails: brokers, mounts and the file system they are on.
-	var undo []func()
-	fail := func(err error) {
-		for i := len(undo) - 1; i >= 0; i-- {
-			undo[i]()
-		}
-		undo = nil
-		if err != nil {
-			fmt.Fprintln(os.Stderr, "bench-kafka:", err)
-			os.Exit(1)
-		}
-	}
-	check := func(err error) {
-		if err != nil {
-			fail(err)
-		}
-	}
+	u := benchutil.NewUndo("bench-kafka")
+	check := u.Check
 	segBytes, err := benchutil.ParseSize(*segmentBytes)
 	check(err)
 	props := map[string]string{"log.segment.bytes": fmt.Sprint(segBytes), "log.flush.interval.ms": "9223372036854775807"}
@@ -70,29 +56,17 @@ func main() {
 		props["log.flush.interval.ms"] = fmt.Sprint(*flushMs)
 	}
 	if why := kafka.Available(); why != "" {
-		check(fmt.Errorf("%s", why))
+		u.Fail(fmt.Errorf("%s", why))
 	}
 	tierfsBin, err := filepath.Abs(*bin)
 	check(err)
-	tmp := "" // $TMPDIR
+	parent := os.TempDir()
 	if *fsType != "" {
-		tmp = "/var/tmp" // the image: not in a tmpfs
+		parent = "/var/tmp" // the image: not in a tmpfs
 	}
-	dir, err := os.MkdirTemp(tmp, "bench-kafka-")
-	check(err)
-	top := dir
-	undo = append(undo, func() { os.RemoveAll(top) })
-	where := "a directory in " + filepath.Dir(dir)
-	if *fsType != "" {
-		// Sparse: it takes what the brokers write (about 10 GB with the
-		// defaults: 400 MB a topic, 5 runs, 4 brokers, and the store).
-		fsDir, done, err := benchutil.FreshFS(dir, *fsType, 64<<30)
-		if err != nil {
-			fail(fmt.Errorf("-fs %s: %w (-fs \"\" runs in $TMPDIR instead)", *fsType, err))
-		}
-		undo = append(undo, done)
-		dir, where = fsDir, "a fresh "+*fsType+" file system (mkfs defaults, on a loop device)"
-	}
+	// Sparse: it takes what the brokers write (about 10 GB with the
+	// defaults: 400 MB a topic, 5 runs, 4 brokers, and the store).
+	dir, where := benchutil.WorkDir(u, parent, *fsType, 64<<30)
 
 	type config struct {
 		name   string
@@ -147,13 +121,13 @@ func main() {
 			}
 			stop, err := benchutil.Mount(tierfsBin, filepath.Join(dir, fmt.Sprint(ci), "tierfs.log"), env, append(append(append([]string{"--backing", backing}, cfg.mount...), strings.Fields(*mountFlags)...), su.logDir)...)
 			check(err)
-			undo = append(undo, stop)
+			u.Push(stop)
 		}
 		work := filepath.Join(dir, fmt.Sprint(ci), "broker")
 		su.br, err = kafka.Start(kafka.Options{LogDir: su.logDir, MetadataDir: filepath.Join(work, "metadata"), WorkDir: work, Props: props})
 		check(err)
 		br := su.br
-		undo = append(undo, func() { br.Stop() })
+		u.Push(func() { br.Stop() })
 		setups = append(setups, su)
 	}
 	// turn is the setup measured k-th in run r.
@@ -220,7 +194,7 @@ func main() {
 		}
 	}
 	// Brokers stop before their mounts, and both before the file system.
-	fail(nil)
+	u.Run()
 
 	base := setups[0]
 	flushNote := "no forced fsync (Kafka's default)"

@@ -45,44 +45,18 @@ func main() {
 	fsType := flag.String("fs", "ext4", "run on a fresh file system of this type (mkfs.TYPE on a loop device, as root); \"\" for a directory in $TMPDIR")
 	flag.Parse()
 
-	var undo []func()
-	fail := func(err error) {
-		for i := len(undo) - 1; i >= 0; i-- {
-			undo[i]()
-		}
-		undo = nil
-		if err != nil {
-			fmt.Fprintln(os.Stderr, "bench-kafka-start:", err)
-			os.Exit(1)
-		}
-	}
-	check := func(err error) {
-		if err != nil {
-			fail(err)
-		}
-	}
+	u := benchutil.NewUndo("bench-kafka-start")
+	check := u.Check
 	if why := kafka.Available(); why != "" {
-		check(fmt.Errorf("%s", why))
+		u.Fail(fmt.Errorf("%s", why))
 	}
 	tierfsBin, err := filepath.Abs(*bin)
 	check(err)
-	tmp := ""
+	parent := os.TempDir()
 	if *fsType != "" {
-		tmp = "/var/tmp"
+		parent = "/var/tmp" // the image: not in a tmpfs
 	}
-	dir, err := os.MkdirTemp(tmp, "bench-kafka-start-")
-	check(err)
-	top := dir
-	undo = append(undo, func() { os.RemoveAll(top) })
-	where := "a directory in " + filepath.Dir(dir)
-	if *fsType != "" {
-		fsDir, done, err := benchutil.FreshFS(dir, *fsType, 32<<30)
-		if err != nil {
-			fail(fmt.Errorf("-fs %s: %w (-fs \"\" runs in $TMPDIR instead)", *fsType, err))
-		}
-		undo = append(undo, done)
-		dir, where = fsDir, "a fresh "+*fsType+" file system (mkfs defaults, on a loop device)"
-	}
+	dir, where := benchutil.WorkDir(u, parent, *fsType, 32<<30)
 
 	// The data: a broker on a plain directory writes it, rolling a
 	// segment every perSegment records of each partition (record j of a
@@ -93,7 +67,7 @@ func main() {
 	br, err := kafka.Start(kafka.Options{LogDir: plain, MetadataDir: filepath.Join(work, "metadata"), WorkDir: work,
 		Props: map[string]string{"log.flush.interval.ms": "9223372036854775807", "num.recovery.threads.per.data.dir": "2"}})
 	check(err)
-	undo = append(undo, func() { br.Stop() })
+	u.Push(func() { br.Stop() })
 	const topic = "history"
 	check(createTopic(br, topic, *partitions, map[string]*string{
 		"retention.ms": kadm.StringPtr("-1"), "segment.ms": kadm.StringPtr(strconv.Itoa(*perSegment - 1)), "segment.bytes": kadm.StringPtr("1073741824")}))
@@ -135,7 +109,7 @@ func main() {
 		}
 		stop, err := benchutil.Mount(tierfsBin, filepath.Join(base, "tierfs.log"), nil, append(args, mnt)...)
 		check(err)
-		undo = append(undo, stop)
+		u.Push(stop)
 		configs = append(configs, cfg)
 		if c.remote {
 			fmt.Fprintln(os.Stderr, "waiting for every rolled segment to be evicted")
@@ -173,7 +147,7 @@ func main() {
 	if p := br.Problems(); len(p) > 0 {
 		check(fmt.Errorf("the broker logged:\n%s", strings.Join(p, "\n")))
 	}
-	fail(nil)
+	u.Run()
 
 	rep := benchutil.Report{
 		Name:  "kafkastart",
