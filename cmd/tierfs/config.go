@@ -19,7 +19,7 @@ import (
 //
 //	remote: s3://bucket/kafka?endpoint=https://s3.example.com
 //	ship-after: 10m
-//	local-retention-bytes: 50000000000
+//	local-retention-bytes: 50GB
 //	metrics-listen: 127.0.0.1:9464
 //
 // Each command takes the settings it has flags for. Precedence: the

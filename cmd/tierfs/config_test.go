@@ -6,6 +6,8 @@ import (
 	"path/filepath"
 	"strings"
 	"testing"
+
+	"github.com/urfave/cli/v2"
 )
 
 // runApp runs the CLI with args and returns what it printed.
@@ -100,5 +102,32 @@ func TestContribConfig(t *testing.T) {
 	_, err = runApp(t, "--config", path, "mount")
 	if err == nil || !strings.Contains(err.Error(), "MOUNTPOINT") && !strings.Contains(err.Error(), "mount point") {
 		t.Fatalf("mount with the example config: %v", err)
+	}
+}
+
+// TestSizeFlagsTakeUnits: every size flag of mount takes a size with
+// units, on the command line and in the configuration file, and a bad
+// one is refused naming the flag.
+func TestSizeFlagsTakeUnits(t *testing.T) {
+	app := &cli.App{Flags: []cli.Flag{
+		&cli.StringFlag{Name: "cache-bytes", Value: "256MiB"},
+		&cli.StringFlag{Name: "local-retention-bytes", Value: "0"},
+	}, Action: func(c *cli.Context) error {
+		sizes, err := sizeFlags(c, "cache-bytes", "local-retention-bytes")
+		if err != nil {
+			return err
+		}
+		if sizes["cache-bytes"] != 16<<20 || sizes["local-retention-bytes"] != 50e9 {
+			t.Errorf("sizes %v", sizes)
+		}
+		return nil
+	}}
+	if err := app.Run([]string{"tierfs", "--cache-bytes", "16MiB", "--local-retention-bytes", "50GB"}); err != nil {
+		t.Fatal(err)
+	}
+	app.Action = func(c *cli.Context) error { _, err := sizeFlags(c, "cache-bytes"); return err }
+	err := app.Run([]string{"tierfs", "--cache-bytes", "16 mebibytes"})
+	if err == nil || !strings.Contains(err.Error(), "--cache-bytes") {
+		t.Errorf("a bad size: %v", err)
 	}
 }

@@ -39,12 +39,12 @@ func cmdMount() *cli.Command {
 			&cli.StringFlag{Name: "remote", Usage: "ship cold segments to this store (file:///path or s3://bucket/prefix?endpoint=...); without it tierfs is a plain directory", EnvVars: []string{"TIERFS_REMOTE"}},
 			&cli.DurationFlag{Name: "ship-after", Value: 10 * time.Minute, Usage: "ship a rolled, flushed, committed segment once it is this old", EnvVars: []string{"TIERFS_SHIP_AFTER"}},
 			&cli.DurationFlag{Name: "local-retention-age", Usage: "free the local bytes of shipped segments older than this (0: no age limit)", EnvVars: []string{"TIERFS_LOCAL_RETENTION_AGE"}},
-			&cli.Int64Flag{Name: "local-retention-bytes", Usage: "keep at most this many bytes of segments local per partition, freeing the oldest shipped first (0: no limit)", EnvVars: []string{"TIERFS_LOCAL_RETENTION_BYTES"}},
+			&cli.StringFlag{Name: "local-retention-bytes", Value: "0", Usage: "keep at most this much of segments local per partition (e.g. 50GiB), freeing the oldest shipped first (0: no limit)", EnvVars: []string{"TIERFS_LOCAL_RETENTION_BYTES"}},
 			&cli.StringFlag{Name: "ship-rate", Usage: "bytes per second for all uploads together, e.g. 50MiB (0: no limit)", Value: "0", EnvVars: []string{"TIERFS_SHIP_RATE"}},
-			&cli.Int64Flag{Name: "local-retention-total-bytes", Usage: "keep at most this many bytes of segments local in all partitions together, freeing the oldest shipped anywhere first (0: no limit)", EnvVars: []string{"TIERFS_LOCAL_RETENTION_TOTAL_BYTES"}},
+			&cli.StringFlag{Name: "local-retention-total-bytes", Value: "0", Usage: "keep at most this much of segments local in all partitions together (e.g. 800GiB), freeing the oldest shipped anywhere first (0: no limit)", EnvVars: []string{"TIERFS_LOCAL_RETENTION_TOTAL_BYTES"}},
 			&cli.IntFlag{Name: "ship-concurrency", Value: 2, Usage: "segments shipped at once", EnvVars: []string{"TIERFS_SHIP_CONCURRENCY"}},
 			&cli.DurationFlag{Name: "tier-interval", Value: 30 * time.Second, Usage: "how often the tierer looks for work", EnvVars: []string{"TIERFS_TIER_INTERVAL"}},
-			&cli.Int64Flag{Name: "cache-bytes", Value: 256 << 20, Usage: "memory for chunks of remote files", EnvVars: []string{"TIERFS_CACHE_BYTES"}},
+			&cli.StringFlag{Name: "cache-bytes", Value: "256MiB", Usage: "memory for chunks of remote files (a size: 512MiB, 2GiB, or bytes)", EnvVars: []string{"TIERFS_CACHE_BYTES"}},
 			&cli.StringFlag{Name: "role", Value: "leader", Usage: "leader: ship and evict this broker's segments; follower: ship nothing, free segments whose batches the leader shipped (brokers sharing --remote); reader: a read-only log dir of every segment in the store (--remote), for analytics hosts", EnvVars: []string{"TIERFS_ROLE"}},
 			&cli.DurationFlag{Name: "follow-interval", Value: 10 * time.Second, Usage: "follower and reader: how often the store is looked at for new and deleted segments", EnvVars: []string{"TIERFS_FOLLOW_INTERVAL"}},
 			&cli.StringFlag{Name: "broker-id", Usage: "this broker's name among the brokers sharing --remote (default: node.id from the log dir's meta.properties)", EnvVars: []string{"TIERFS_BROKER_ID"}},
@@ -75,6 +75,10 @@ func runMount(c *cli.Context) error {
 			return err
 		}
 		defer func() { pprof.StopCPUProfile(); f.Close() }()
+	}
+	sizes, err := sizeFlags(c, "local-retention-bytes", "local-retention-total-bytes", "cache-bytes")
+	if err != nil {
+		return err
 	}
 	readAhead := int64(-1)
 	if ra := c.String("read-ahead"); ra != "-1" {
@@ -133,15 +137,15 @@ func runMount(c *cli.Context) error {
 		if shipRate, err = units.ParseSize(c.String("ship-rate")); err != nil {
 			return &exitError{code: 2, err: fmt.Errorf("--ship-rate: %w", err)}
 		}
-		if cache, err = chunkxfer.NewCache(c.Int64("cache-bytes")); err != nil {
+		if cache, err = chunkxfer.NewCache(sizes["cache-bytes"]); err != nil {
 			return err
 		}
 		tierer, err = tiering.New(tiering.Config{
 			Store:                    st,
 			Policy:                   tiering.Policy{ShipAfter: c.Duration("ship-after")},
 			LocalRetentionAge:        c.Duration("local-retention-age"),
-			LocalRetentionBytes:      c.Int64("local-retention-bytes"),
-			LocalRetentionTotalBytes: c.Int64("local-retention-total-bytes"),
+			LocalRetentionBytes:      sizes["local-retention-bytes"],
+			LocalRetentionTotalBytes: sizes["local-retention-total-bytes"],
 			Concurrency:              c.Int("ship-concurrency"),
 			ShipRate:                 shipRate,
 			Cache:                    cache,
@@ -231,11 +235,11 @@ func runMount(c *cli.Context) error {
 		} else if c.String("role") == tiering.RoleFollower {
 			go tierer.Run(ctx, c.Duration("follow-interval"))
 			log.Info("follower: frees segments the leader shipped", "remote", redactURL(c.String("remote")), "follow_interval", c.Duration("follow-interval"),
-				"local_retention_bytes", c.Int64("local-retention-bytes"), "local_retention_age", c.Duration("local-retention-age"))
+				"local_retention_bytes", sizes["local-retention-bytes"], "local_retention_age", c.Duration("local-retention-age"))
 		} else {
 			go tierer.Run(ctx, c.Duration("tier-interval"))
 			log.Info("tiering", "remote", redactURL(c.String("remote")), "ship_after", c.Duration("ship-after"),
-				"ship_rate", shipRate, "local_retention_bytes", c.Int64("local-retention-bytes"), "local_retention_age", c.Duration("local-retention-age"))
+				"ship_rate", shipRate, "local_retention_bytes", sizes["local-retention-bytes"], "local_retention_age", c.Duration("local-retention-age"))
 		}
 	}
 	log.Info("mounted", "mountpoint", m.Config.Mountpoint, "backing", m.Config.Backing,
@@ -323,4 +327,18 @@ func crashAt(log *slog.Logger) func(tiering.CrashPoint) {
 			select {} // the signal is on its way
 		}
 	}
+}
+
+// sizeFlags reads the named flags as sizes (units.ParseSize: 512MiB,
+// 50GB, or bytes), the error naming the flag.
+func sizeFlags(c *cli.Context, names ...string) (map[string]int64, error) {
+	out := map[string]int64{}
+	for _, name := range names {
+		n, err := units.ParseSize(c.String(name))
+		if err != nil {
+			return nil, &exitError{code: 2, err: fmt.Errorf("--%s: %w", name, err)}
+		}
+		out[name] = n
+	}
+	return out, nil
 }

@@ -50,7 +50,7 @@ func defaultJournalDir() string {
 
 func cmdStore() *cli.Command {
 	journal := &cli.StringFlag{Name: "journal-dir", Value: defaultJournalDir(), Usage: "where transfer journals are kept (an interrupted transfer resumes from here)", EnvVars: []string{"TIERFS_JOURNAL_DIR"}}
-	chunk := &cli.Int64Flag{Name: "chunk-size", Value: chunkxfer.DefaultChunkSize, Usage: "part and chunk size in bytes (S3 needs at least 5 MiB)"}
+	chunk := &cli.StringFlag{Name: "chunk-size", Value: fmt.Sprintf("%dMiB", chunkxfer.DefaultChunkSize>>20), Usage: "part and chunk size, e.g. 16MiB (S3 needs at least 5 MiB)"}
 	parallel := &cli.IntFlag{Name: "parallel", Value: 4, Usage: "chunks in flight"}
 	args := func(c *cli.Context, n int, what string) error {
 		if c.NArg() != n {
@@ -96,7 +96,11 @@ func cmdStore() *cli.Command {
 					if err != nil {
 						return err
 					}
-					up := &chunkxfer.Uploader{Store: s, JournalDir: c.String("journal-dir"), ChunkSize: c.Int64("chunk-size"), Parallel: c.Int("parallel"), Log: log}
+					sizes, err := sizeFlags(c, "chunk-size")
+					if err != nil {
+						return err
+					}
+					up := &chunkxfer.Uploader{Store: s, JournalDir: c.String("journal-dir"), ChunkSize: sizes["chunk-size"], Parallel: c.Int("parallel"), Log: log}
 					t0 := time.Now()
 					m, err := up.Upload(c.Context, c.Args().Get(0), c.Args().Get(1))
 					if err != nil {
