@@ -467,16 +467,11 @@ func (n *node) truncateRemote(fd int, size int64) (bool, error) {
 	}
 	mv := t.Moving(n.StableAttr().Ino)
 	if mv == nil {
-		st, _, err := t.State(procFd(fd))
-		if err != nil || st != "remote" {
+		now, remote, err := n.evictedSize(fd)
+		if err != nil || !remote {
 			return false, err
 		}
-		// The backing file of an evicted file keeps its size.
-		var fst unix.Stat_t
-		if err := unix.Fstat(fd, &fst); err != nil {
-			return false, err
-		}
-		if fst.Size == size {
+		if now == size {
 			return true, nil
 		}
 		if mv, err = n.remoteMove(fd, tiered.CauseTruncate); err != nil || mv == nil {
@@ -520,18 +515,25 @@ func (n *node) refuseRemoteTruncate(fd int, size int64) error {
 		return nil
 	}
 	if t.Moving(n.StableAttr().Ino) == nil {
-		st, _, err := t.State(procFd(fd))
-		if err != nil || st != "remote" {
+		now, remote, err := n.evictedSize(fd)
+		if err != nil || !remote || now == size {
 			return err
-		}
-		var fst unix.Stat_t
-		if err := unix.Fstat(fd, &fst); err != nil {
-			return err
-		}
-		if fst.Size == size {
-			return nil
 		}
 	}
 	_, err := n.remoteMove(fd, tiered.CauseTruncate)
 	return err
+}
+
+// evictedSize says whether the file open at fd is evicted (and not
+// moving), and its size: the backing file of an evicted file keeps it.
+func (n *node) evictedSize(fd int) (size int64, remote bool, err error) {
+	st, _, err := n.root.tiering.State(procFd(fd))
+	if err != nil || st != "remote" {
+		return 0, false, err
+	}
+	var fst unix.Stat_t
+	if err := unix.Fstat(fd, &fst); err != nil {
+		return 0, false, err
+	}
+	return fst.Size, true, nil
 }
