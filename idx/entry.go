@@ -1,5 +1,5 @@
 // Package idx holds tierfs's on-disk index formats: the per-partition
-// remote log segment index of shared/DESIGN.md §4 and, in idx/kafka,
+// remote log segment index (docs/formats.md) and, in idx/kafka,
 // Kafka's own files. It is pure format code.
 package idx
 

@@ -9,7 +9,7 @@ import (
 )
 
 // TestEntryGolden checks the encoding against bytes written by hand from
-// the layout in DESIGN.md §4.
+// the layout in docs/formats.md.
 func TestEntryGolden(t *testing.T) {
 	e := Entry{FirstOffset: 1, LastOffset: 2, FirstTimestamp: 3, LastTimestamp: 4, DataLength: 5, RDI: []byte("ab")}
 	got, err := e.AppendTo(nil)

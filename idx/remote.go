@@ -15,7 +15,7 @@ import (
 
 // The remote offset index and remote timestamp index of a segment have the
 // shape of Kafka's .index and .timeindex, but their positions point into
-// the partition's remote log segment index file (DESIGN.md §4). There is
+// the partition's remote log segment index file (docs/formats.md). There is
 // one pair per segment, named after its base offset, so relative offsets
 // fit in int32 as they do in Kafka:
 //

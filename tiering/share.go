@@ -16,7 +16,7 @@ import (
 	"github.com/tierfs/tierfs/idx"
 )
 
-// Several brokers share one store (DESIGN.md §5): each mount of a
+// Several brokers share one store (docs/design.md): each mount of a
 // partition's replicas sees the same store prefix.
 //
 //   - Objects of a shipment carry the broker in their id (identityKey),
