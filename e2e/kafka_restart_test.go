@@ -2,6 +2,8 @@ package e2e
 
 import (
 	"bufio"
+	"context"
+	"fmt"
 	"io"
 	"net/http"
 	"path/filepath"
@@ -9,6 +11,9 @@ import (
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/twmb/franz-go/pkg/kadm"
+	"github.com/twmb/franz-go/pkg/kgo"
 
 	"github.com/tierfs/tierfs/e2e/kafka"
 )
@@ -158,4 +163,71 @@ func TestKafkaRestartCostsNothing(t *testing.T) {
 	}
 	noMoves(t, m, backing)
 	noProblems(t, br)
+}
+
+// TestKafkaOpensEverySegmentWithinItsFileLimit (issue 20): a broker and
+// its mount each have an open-file limit of 2,048, as a systemd unit
+// would give them, and the log dir has 1,500 segments (30 partitions of
+// 50). At start-up the broker opens every segment, and the mount holds
+// one descriptor for each; the descriptors the mount keeps for the
+// inodes the broker looked up (three files a segment) give way, so the
+// broker starts and works as it does on a plain directory with the same
+// limit. Before, they took half of the mount's limit and the broker got
+// "Too many open files".
+func TestKafkaOpensEverySegmentWithinItsFileLimit(t *testing.T) {
+	requireKafka(t)
+	const limit, partitions, perPartition = 2048, 30, 50
+	_, backing, mnt := mountDirs(t)
+	m := launchMount(t, limit, nil, "--backing", backing, mnt)
+	work := t.TempDir()
+	br, err := kafka.Start(kafka.Options{LogDir: mnt, MetadataDir: filepath.Join(work, "metadata"), WorkDir: work, FileLimit: limit})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		br.Stop()
+		if t.Failed() {
+			log := br.Log()
+			t.Logf("broker log (tail):\n%s", log[max(0, len(log)-20000):])
+		}
+	})
+	// A broker short of descriptors takes its log dir offline, and its
+	// producers wait: give up in time, with its log.
+	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
+	defer cancel()
+	res, err := admin(t, br).CreateTopic(ctx, partitions, 1, map[string]*string{
+		"retention.ms": kadm.StringPtr("-1"), "segment.ms": kadm.StringPtr("9"), "segment.bytes": kadm.StringPtr("1073741824")}, "history")
+	if err == nil {
+		err = res.Err
+	}
+	if err != nil {
+		t.Fatal(err)
+	}
+	c := client(t, br, kgo.RecordPartitioner(kgo.ManualPartitioner()), kgo.ProducerLinger(0))
+	if err := kafka.ProduceRounds(ctx, c, "history", partitions, perPartition*10, 100); err != nil {
+		t.Fatal(err)
+	}
+	segs := 0
+	for p := range partitions {
+		n, _ := segments(t, filepath.Join(mnt, fmt.Sprintf("history-%d", p)), "")
+		segs += n
+	}
+	if segs < partitions*perPartition {
+		t.Fatalf("%d segments, want at least %d", segs, partitions*perPartition)
+	}
+	// A clean stop and a start: the broker opens every segment.
+	if err := br.Stop(); err != nil {
+		t.Fatal(err)
+	}
+	if err := br.Restart(); err != nil {
+		t.Fatal(err)
+	}
+	if err := kafka.ProduceRounds(ctx, c, "history", partitions, 10, 100); err != nil {
+		t.Fatalf("produce after the restart: %v", err)
+	}
+	noProblems(t, br)
+	if log := m.Log(); strings.Contains(log, "too many open files") {
+		t.Errorf("the mount ran out of descriptors:\n%s", log[max(0, len(log)-5000):])
+	}
+	t.Logf("%d segments open through a mount with an open-file limit of %d", segs, limit)
 }

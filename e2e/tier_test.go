@@ -99,8 +99,18 @@ func (w lockedWriter) Write(p []byte) (int, error) {
 
 func startMount(t *testing.T, env []string, args ...string) *mount {
 	t.Helper()
+	return launchMount(t, 0, env, args...)
+}
+
+// launchMount is startMount with an open-file limit for the mount
+// (soft and hard, with prlimit; 0: this process's).
+func launchMount(t *testing.T, fileLimit int, env []string, args ...string) *mount {
+	t.Helper()
 	m := &mount{log: &bytes.Buffer{}, mu: &sync.Mutex{}, mnt: args[len(args)-1], done: make(chan struct{})}
 	m.cmd = exec.Command(tierfsBin, append([]string{"--log-level", "debug", "mount"}, args...)...)
+	if fileLimit > 0 {
+		m.cmd = exec.Command("prlimit", append([]string{fmt.Sprintf("--nofile=%d:%d", fileLimit, fileLimit), tierfsBin, "--log-level", "debug", "mount"}, args...)...)
+	}
 	m.cmd.Env = append(os.Environ(), env...)
 	m.cmd.Stdout = lockedWriter{m.mu, m.log}
 	m.cmd.Stderr = lockedWriter{m.mu, m.log}

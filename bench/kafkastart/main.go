@@ -189,29 +189,14 @@ func main() {
 	}
 }
 
-// produce writes records rounds at a time: round j is record j of every
-// partition, stamped kafka.TSBase+j ms, acknowledged before the next.
+// produce writes rounds records to every partition (kafka.ProduceRounds).
 func produce(br *kafka.Broker, topic string, partitions, rounds, size int) error {
 	c, err := kgo.NewClient(kgo.SeedBrokers(br.Addr), kgo.RecordPartitioner(kgo.ManualPartitioner()), kgo.ProducerLinger(0), kgo.ProducerBatchCompression(kgo.NoCompression()))
 	if err != nil {
 		return err
 	}
 	defer c.Close()
-	ctx := context.Background()
-	value := make([]byte, size)
-	for i := range value {
-		value[i] = byte(i*7 + i/13)
-	}
-	for j := range rounds {
-		for p := range partitions {
-			c.Produce(ctx, &kgo.Record{Topic: topic, Partition: int32(p), Key: []byte(fmt.Sprintf("k-%d-%d", p, j)), Value: value,
-				Timestamp: time.UnixMilli(kafka.TSBase + int64(j))}, nil)
-		}
-		if err := c.Flush(ctx); err != nil {
-			return err
-		}
-	}
-	return nil
+	return kafka.ProduceRounds(context.Background(), c, topic, partitions, rounds, size)
 }
 
 // cost is what the tiered mount did so far, and its local bytes.

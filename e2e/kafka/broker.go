@@ -46,6 +46,9 @@ type Options struct {
 	MetadataDir string            // metadata.log.dir, kept off the mount
 	WorkDir     string            // config and the broker's own log
 	Props       map[string]string // more server.properties, over the defaults
+	// FileLimit, when set, is the broker's open-file limit (soft and
+	// hard, set with prlimit), as a systemd LimitNOFILE would be.
+	FileLimit int
 }
 
 // Broker is a running (or stopped) broker process.
@@ -212,6 +215,9 @@ func (br *Broker) jvmArgs(main string, args ...string) []string {
 func (br *Broker) Restart() error {
 	br.mu.Lock()
 	cmd := exec.Command("java", br.jvmArgs("kafka.Kafka", br.cfg)...)
+	if n := br.opts.FileLimit; n > 0 {
+		cmd = exec.Command("prlimit", append([]string{fmt.Sprintf("--nofile=%d:%d", n, n), "java"}, br.jvmArgs("kafka.Kafka", br.cfg)...)...)
+	}
 	cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL}
 	pr, pw, err := os.Pipe()
 	if err != nil {

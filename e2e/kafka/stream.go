@@ -197,3 +197,26 @@ func ConsumerOpts(s Stream) []kgo.Opt {
 func ProducerOpts() []kgo.Opt {
 	return []kgo.Opt{kgo.ProducerLinger(5 * time.Millisecond), kgo.RecordPartitioner(kgo.ManualPartitioner())}
 }
+
+// ProduceRounds writes rounds records to each of partitions partitions
+// of topic, round by round: record j of every partition is stamped
+// TSBase+j ms and acknowledged before round j+1 is sent. With the
+// topic's segment.ms at n-1, each partition rolls a segment every n
+// records (Kafka rolls by record time), so many small segments are
+// quick to make.
+func ProduceRounds(ctx context.Context, c *kgo.Client, topic string, partitions, rounds, size int) error {
+	value := make([]byte, size)
+	for i := range value {
+		value[i] = byte(i*7 + i/13)
+	}
+	for j := range rounds {
+		for p := range partitions {
+			c.Produce(ctx, &kgo.Record{Topic: topic, Partition: int32(p), Key: []byte(fmt.Sprintf("k-%d-%d", p, j)), Value: value,
+				Timestamp: time.UnixMilli(TSBase + int64(j))}, nil)
+		}
+		if err := c.Flush(ctx); err != nil {
+			return err
+		}
+	}
+	return nil
+}
