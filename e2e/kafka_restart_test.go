@@ -179,18 +179,7 @@ func TestKafkaOpensEverySegmentWithinItsFileLimit(t *testing.T) {
 	const limit, partitions, perPartition = 2048, 30, 50
 	_, backing, mnt := mountDirs(t)
 	m := launchMount(t, limit, nil, "--backing", backing, mnt)
-	work := t.TempDir()
-	br, err := kafka.Start(kafka.Options{LogDir: mnt, MetadataDir: filepath.Join(work, "metadata"), WorkDir: work, FileLimit: limit})
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() {
-		br.Stop()
-		if t.Failed() {
-			log := br.Log()
-			t.Logf("broker log (tail):\n%s", log[max(0, len(log)-20000):])
-		}
-	})
+	br := startBrokerWith(t, kafka.Options{LogDir: mnt, FileLimit: limit})
 	// A broker short of descriptors takes its log dir offline, and its
 	// producers wait: give up in time, with its log.
 	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)

@@ -33,8 +33,17 @@ func requireKafka(t *testing.T) {
 
 func startBroker(t *testing.T, logDir string, props map[string]string) *kafka.Broker {
 	t.Helper()
+	return startBrokerWith(t, kafka.Options{LogDir: logDir, Props: props})
+}
+
+// startBrokerWith starts a broker with opts, its metadata and work
+// directories in the test's; it stops when the test ends, and a failed
+// test logs the tail of its log.
+func startBrokerWith(t *testing.T, opts kafka.Options) *kafka.Broker {
+	t.Helper()
 	work := t.TempDir()
-	br, err := kafka.Start(kafka.Options{LogDir: logDir, MetadataDir: filepath.Join(work, "metadata"), WorkDir: work, Props: props})
+	opts.MetadataDir, opts.WorkDir = filepath.Join(work, "metadata"), work
+	br, err := kafka.Start(opts)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -17,7 +17,6 @@ import (
 	"flag"
 	"fmt"
 	"io"
-	"net"
 	"net/http"
 	"os"
 	"path/filepath"
@@ -115,7 +114,7 @@ func main() {
 			check(os.MkdirAll(backing, 0o755))
 			var env []string
 			if *metricsDir != "" {
-				su.metrics, err = freeAddr()
+				su.metrics, err = benchutil.FreeAddr()
 				check(err)
 				env = append(env, "TIERFS_METRICS_LISTEN="+su.metrics)
 			}
@@ -205,9 +204,9 @@ func main() {
 		Name:  "kafka",
 		Title: "A real Kafka broker on tierfs",
 		Notes: []string{fmt.Sprintf("Kafka %s broker (KRaft, one node), log.segment.bytes %s, %s, %d records of 1 KB per topic, medians of %d runs (ratios: median of per-run ratios to the plain directory; × mount: to tierfs without a remote or cm); the brokers run at once on %s and take turns, in an order that rotates, each produce starting with nothing dirty; consume is from offset 0 with the page cache dropped, so evicted segments come from the store; %s.",
-			kafkaVersion(), *segmentBytes, flushNote, *records, *runs, where, benchutil.Machine())},
+			kafka.Version(), *segmentBytes, flushNote, *records, *runs, where, benchutil.Machine())},
 		Header:   []string{"configuration", "produce MB/s", "× plain", "× mount", "consume from 0, MB/s", "records/s", "× plain"},
-		Versions: map[string]string{"Kafka": kafkaVersion(), "versitygw": "v1.8.0"},
+		Versions: map[string]string{"Kafka": kafka.Version(), "versitygw": "v1.8.0"},
 	}
 	var mount *setup
 	for _, su := range setups {
@@ -233,16 +232,6 @@ func main() {
 		fmt.Fprintln(os.Stderr, "bench-kafka:", err)
 		os.Exit(1)
 	}
-}
-
-// freeAddr is a loopback address with a port nobody listens on now.
-func freeAddr() (string, error) {
-	l, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		return "", err
-	}
-	defer l.Close()
-	return l.Addr().String(), nil
 }
 
 // saveMetrics writes what a mount's metrics endpoint serves to path.
@@ -273,14 +262,6 @@ func allEvicted(dir string) bool {
 		}
 	}
 	return true
-}
-
-func kafkaVersion() string {
-	m, _ := filepath.Glob(filepath.Join(kafka.LibDir(), "kafka_2.13-*.jar"))
-	if len(m) == 0 {
-		return "?"
-	}
-	return strings.TrimSuffix(strings.TrimPrefix(filepath.Base(m[0]), "kafka_2.13-"), ".jar")
 }
 
 func newClient(br *kafka.Broker, opts ...kgo.Opt) (*kgo.Client, error) {

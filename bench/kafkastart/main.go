@@ -18,7 +18,6 @@ import (
 	"context"
 	"flag"
 	"fmt"
-	"net"
 	"net/http"
 	"os"
 	"os/exec"
@@ -102,7 +101,7 @@ func main() {
 		cfg := &config{name: c.name, logDir: mnt, backing: backing}
 		args := []string{"--backing", backing}
 		if c.remote {
-			cfg.metrics, err = freeAddr()
+			cfg.metrics, err = benchutil.FreeAddr()
 			check(err)
 			args = append(args, "--remote", "file://"+filepath.Join(base, "remote"), "--ship-after", "0s",
 				"--local-retention-bytes", "1", "--tier-interval", "2s", "--metrics-listen", cfg.metrics)
@@ -160,9 +159,9 @@ func main() {
 		Name:  "kafkastart",
 		Title: "A Kafka broker's start-up with many segments",
 		Notes: []string{fmt.Sprintf("Kafka %s broker (KRaft, one node), one topic of %d partitions with %d segments (%.0f MB of .log) that the broker wrote itself (segments rolled by segment.ms) and then stopped cleanly; the same log dir copied to each configuration. One broker is pointed at each in turn, in an order that rotates, the page cache dropped before each start; a start is timed from the process's start to \"Kafka Server started\", then the broker stops cleanly. Medians of %d starts; × plain and × mount: median of per-run ratios to the plain directory and to tierfs without a remote. On %s; %s.",
-			kafkaVersion(), *partitions, segs, float64(bytes)/1e6, *runs, where, benchutil.Machine())},
+			kafka.Version(), *partitions, segs, float64(bytes)/1e6, *runs, where, benchutil.Machine())},
 		Header:   []string{"configuration", "start-up, s", "× plain", "× mount", "moves", "bytes hydrated", "bytes fetched", "local bytes grew by"},
-		Versions: map[string]string{"Kafka": kafkaVersion()},
+		Versions: map[string]string{"Kafka": kafka.Version()},
 	}
 	chart := benchutil.Chart{Title: fmt.Sprintf("Kafka start-up, %d segments", segs), Unit: "s", LowerIsBetter: true}
 	for _, c := range configs {
@@ -274,23 +273,6 @@ func evictedAll(mnt string, partitions int) bool {
 		}
 	}
 	return true
-}
-
-func freeAddr() (string, error) {
-	l, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		return "", err
-	}
-	defer l.Close()
-	return l.Addr().String(), nil
-}
-
-func kafkaVersion() string {
-	m, _ := filepath.Glob(filepath.Join(kafka.LibDir(), "kafka_2.13-*.jar"))
-	if len(m) == 0 {
-		return "?"
-	}
-	return strings.TrimSuffix(strings.TrimPrefix(filepath.Base(m[0]), "kafka_2.13-"), ".jar")
 }
 
 func createTopic(br *kafka.Broker, topic string, partitions int, configs map[string]*string) error {

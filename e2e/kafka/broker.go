@@ -29,6 +29,15 @@ func LibDir() string {
 	return filepath.Join(filepath.Dir(file), "lib")
 }
 
+// Version is the version of the Kafka jars in LibDir ("?" if none).
+func Version() string {
+	m, _ := filepath.Glob(filepath.Join(LibDir(), "kafka_2.13-*.jar"))
+	if len(m) == 0 {
+		return "?"
+	}
+	return strings.TrimSuffix(strings.TrimPrefix(filepath.Base(m[0]), "kafka_2.13-"), ".jar")
+}
+
 // Available says why a broker cannot run here, or "" if it can.
 func Available() string {
 	if _, err := exec.LookPath("java"); err != nil {

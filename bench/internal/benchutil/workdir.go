@@ -2,6 +2,7 @@ package benchutil
 
 import (
 	"fmt"
+	"net"
 	"os"
 )
 
@@ -59,4 +60,14 @@ func WorkDir(u *Undo, parent, fsType string, size int64) (dir, where string) {
 	}
 	u.Push(done)
 	return dir, "a fresh " + fsType + " file system (mkfs defaults, on a loop device)"
+}
+
+// FreeAddr is a loopback address with a port nothing listens on now.
+func FreeAddr() (string, error) {
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		return "", err
+	}
+	defer l.Close()
+	return l.Addr().String(), nil
 }
