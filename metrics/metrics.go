@@ -59,11 +59,12 @@ func Registry(t Tiering, cache *chunkxfer.Cache, log *slog.Logger) *prometheus.R
 	}
 	if cache != nil {
 		s := cache.Stats()
-		counter(reg, "tierfs_remote_fetch_requests_total", "Chunks fetched from the store to serve reads (cache misses).", s.Misses.Load)
+		// A chunk not in the cache is fetched: misses are these requests
+		// (one metric, not two of the same counter).
+		counter(reg, "tierfs_remote_fetch_requests_total", "Chunks fetched from the store to serve reads: the chunk cache's misses.", s.Misses.Load)
 		counter(reg, "tierfs_remote_fetch_bytes_total", "Verified bytes fetched from the store to serve reads.", s.FetchedBytes.Load)
 		counter(reg, "tierfs_remote_fetch_errors_total", "Chunk fetches that failed after retries (readers got EIO).", s.FetchErrors.Load)
 		counter(reg, "tierfs_cache_hits_total", "Chunks served from the chunk cache.", s.Hits.Load)
-		counter(reg, "tierfs_cache_misses_total", "Chunks not in the chunk cache.", s.Misses.Load)
 		reg.MustRegister(prometheus.NewGaugeFunc(prometheus.GaugeOpts{Name: "tierfs_cache_bytes", Help: "Chunk data held in the chunk cache."},
 			func() float64 { return float64(cache.UsedBytes()) }))
 	}

@@ -6,6 +6,7 @@ import (
 	"os"
 	"path/filepath"
 	"strings"
+	"syscall"
 	"testing"
 	"time"
 
@@ -148,5 +149,34 @@ func TestDrainWaitsForTransfers(t *testing.T) {
 	tr.Undrain()
 	if _, err := tr.ShipNow(context.Background(), rel1, nil); err != nil {
 		t.Fatalf("ship after undrain: %v", err)
+	}
+}
+
+// TestEvictOfALostCopyKeepsTheBytesAndSaysWhy: a shipped segment whose
+// object left the store is not freed, and the error carries the store's
+// own (errors.Is finds store.ErrNotFound through it).
+func TestEvictOfALostCopyKeepsTheBytesAndSaysWhy(t *testing.T) {
+	root, bases, _ := logDir(t)
+	s := store.NewMem(nil)
+	tr := newTierer(t, root, s, 1<<40)
+	rel := "orders-0/" + kafkaName(bases["orders-0"][1], ".log")
+	if st, err := tr.ShipNow(context.Background(), rel, nil); err != nil || st != StateShipped {
+		t.Fatalf("ship: %s %v", st, err)
+	}
+	rec, _, err := readRecord(filepath.Join(root, rel))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := s.Delete(context.Background(), rec.Key); err != nil {
+		t.Fatal(err)
+	}
+	_, err = tr.EvictNow(context.Background(), rel, nil)
+	if err == nil || !errors.Is(err, store.ErrNotFound) || !strings.Contains(err.Error(), "not freeing the local bytes") {
+		t.Fatalf("evict of a segment whose object is gone: %v", err)
+	}
+	var st syscall.Stat_t
+	syscall.Stat(filepath.Join(root, rel), &st)
+	if st.Blocks == 0 {
+		t.Error("its local bytes were freed")
 	}
 }

@@ -1,8 +1,6 @@
 package tiering
 
 import (
-	"os"
-	"strconv"
 	"strings"
 	"syscall"
 
@@ -84,9 +82,14 @@ var _ interface {
 	Hydrations() uint64
 } = (*Tierer)(nil)
 
-func readAheadChunks() int {
-	if n, err := strconv.Atoi(os.Getenv("TIERFS_READAHEAD")); err == nil {
+// readAheadChunks is Config.ReadAheadChunks, with its default.
+func (t *Tierer) readAheadChunks() int {
+	switch n := t.cfg.ReadAheadChunks; {
+	case n == 0:
+		return 4
+	case n < 0:
+		return 0
+	default:
 		return n
 	}
-	return 4
 }

@@ -53,11 +53,14 @@ type Config struct {
 	// files local in all partitions together, freeing the oldest shipped
 	// segments (by mtime) anywhere first (0: no limit).
 	LocalRetentionTotalBytes int64
-	Concurrency              int   // segments shipped at once (default 2)
-	ShipRate                 int64 // bytes per second of all uploads together (0: no limit)
-	ChunkSize                int64 // transfer chunk size (default chunkxfer's)
-	Gate                     *Gate // shared with the file system (nil: a private one)
-	Cache                    *chunkxfer.Cache
+	// ReadAheadChunks is how many chunks of an evicted file are fetched
+	// ahead of a sequential reader (default 4; negative: none).
+	ReadAheadChunks int
+	Concurrency     int   // segments shipped at once (default 2)
+	ShipRate        int64 // bytes per second of all uploads together (0: no limit)
+	ChunkSize       int64 // transfer chunk size (default chunkxfer's)
+	Gate            *Gate // shared with the file system (nil: a private one)
+	Cache           *chunkxfer.Cache
 	// BeforeFree, when set, is called with a segment's path before its
 	// local bytes are freed (change management caches its checksum
 	// then, so retaining it later needs no download); an error keeps
@@ -1053,7 +1056,7 @@ func (t *Tierer) Evict(path string) error {
 			// Gone or replaced: forget the copy; the segment ships again.
 			unix.Removexattr(path, recordXattr)
 		}
-		return fmt.Errorf("%v: not freeing the local bytes of %s", err, path)
+		return fmt.Errorf("not freeing the local bytes of %s: %w", path, err)
 	}
 	if t.cfg.BeforeFree != nil {
 		if err := t.cfg.BeforeFree(path); err != nil {

@@ -44,6 +44,7 @@ func cmdMount() *cli.Command {
 			&cli.StringFlag{Name: "local-retention-total-bytes", Value: "0", Usage: "keep at most this much of segments local in all partitions together (e.g. 800GiB), freeing the oldest shipped anywhere first (0: no limit)", EnvVars: []string{"TIERFS_LOCAL_RETENTION_TOTAL_BYTES"}},
 			&cli.IntFlag{Name: "ship-concurrency", Value: 2, Usage: "segments shipped at once", EnvVars: []string{"TIERFS_SHIP_CONCURRENCY"}},
 			&cli.DurationFlag{Name: "tier-interval", Value: 30 * time.Second, Usage: "how often the tierer looks for work", EnvVars: []string{"TIERFS_TIER_INTERVAL"}},
+			&cli.IntFlag{Name: "remote-read-ahead", Value: 4, Usage: "chunks of an evicted segment fetched ahead of a sequential reader (0: none)", EnvVars: []string{"TIERFS_REMOTE_READ_AHEAD"}},
 			&cli.StringFlag{Name: "cache-bytes", Value: "256MiB", Usage: "memory for chunks of remote files (a size: 512MiB, 2GiB, or bytes)", EnvVars: []string{"TIERFS_CACHE_BYTES"}},
 			&cli.StringFlag{Name: "role", Value: "leader", Usage: "leader: ship and evict this broker's segments; follower: ship nothing, free segments whose batches the leader shipped (brokers sharing --remote); reader: a read-only log dir of every segment in the store (--remote), for analytics hosts", EnvVars: []string{"TIERFS_ROLE"}},
 			&cli.DurationFlag{Name: "follow-interval", Value: 10 * time.Second, Usage: "follower and reader: how often the store is looked at for new and deleted segments", EnvVars: []string{"TIERFS_FOLLOW_INTERVAL"}},
@@ -155,6 +156,7 @@ func runMount(c *cli.Context) error {
 			BrokerID:                 c.String("broker-id"),
 			Log:                      log,
 			CrashAt:                  crashAt(log),
+			ReadAheadChunks:          readAheadChunks(c.Int("remote-read-ahead")),
 		})
 		if err != nil {
 			return err
@@ -341,4 +343,13 @@ func sizeFlags(c *cli.Context, names ...string) (map[string]int64, error) {
 		out[name] = n
 	}
 	return out, nil
+}
+
+// readAheadChunks turns --remote-read-ahead into tiering's setting (0 is
+// its default there, so none is -1).
+func readAheadChunks(n int) int {
+	if n <= 0 {
+		return -1
+	}
+	return n
 }
