@@ -41,3 +41,5 @@
 // it would need are stopped. Tests therefore serve mounts from a child
 // process.
 package fs
+
+//go:generate go run ./internal/observedgen/cmd -o ops_observed.go
