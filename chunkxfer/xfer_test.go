@@ -28,6 +28,7 @@ type backend struct {
 
 var (
 	s3Once sync.Once
+	s3Dir  string // the server's data, removed when the tests end
 	s3Srv  *s3test.Server
 	s3Err  error
 )
@@ -35,12 +36,11 @@ var (
 // sharedS3 starts one versitygw for the package's tests.
 func sharedS3(t *testing.T) *s3test.Server {
 	s3Once.Do(func() {
-		dir, err := os.MkdirTemp("", "tierfs-chunkxfer-s3-")
-		if err != nil {
-			s3Err = err
+		s3Dir, s3Err = os.MkdirTemp("", "tierfs-chunkxfer-s3-")
+		if s3Err != nil {
 			return
 		}
-		s3Srv, s3Err = s3test.Start(filepath.Join(dir, "s3"))
+		s3Srv, s3Err = s3test.Start(filepath.Join(s3Dir, "s3"))
 	})
 	if s3Err != nil {
 		t.Fatal(s3Err)
@@ -55,6 +55,9 @@ func TestMain(m *testing.M) {
 	code := m.Run()
 	if s3Srv != nil {
 		s3Srv.Stop()
+	}
+	if s3Dir != "" {
+		os.RemoveAll(s3Dir) // 160 MB a run was left in /tmp
 	}
 	os.Exit(code)
 }
