@@ -280,13 +280,11 @@ func (n *node) attrOf(fd int, a *fuse.Attr) error {
 
 // hideStateDirLink leaves the hidden state directory out of the root's
 // link count (its ".." is a link of the root), so the root counts the
-// subdirectories a user sees, as ls and find expect.
+// subdirectories a user sees, as ls and find expect. The mount makes the
+// state directory before it serves, and holds its lock file open in it,
+// so it is there to leave out.
 func (n *node) hideStateDirLink(a *fuse.Attr) {
-	if !n.isRoot() || a.Nlink <= 2 {
-		return
-	}
-	var st unix.Stat_t
-	if unix.Fstatat(n.root.backingFd, StateDirName, &st, unix.AT_SYMLINK_NOFOLLOW) == nil && st.Mode&unix.S_IFMT == unix.S_IFDIR {
+	if n.isRoot() && a.Nlink > 2 {
 		a.Nlink--
 	}
 }

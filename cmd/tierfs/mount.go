@@ -246,16 +246,9 @@ func runMount(c *cli.Context) error {
 	}
 	log.Info("mounted", "mountpoint", m.Config.Mountpoint, "backing", m.Config.Backing,
 		"in_place", m.Config.Mountpoint == m.Config.Backing, "local_files", m.Passthrough.String())
-	// Counted in the backing directory (through tierfs's own descriptor
-	// of it), so the count makes no lookups through the mount.
-	if segs, err := countSegments(filepath.Dir(m.StateDir)); err == nil {
-		soft, _ := fileLimit()
-		if advice := fileLimitAdvice("tierfs", soft, segs); advice != "" {
-			log.Warn("the open-file limit is too low for this log dir", "limit", soft, "segments", segs, "advice", advice)
-		} else {
-			log.Debug("open-file limit", "limit", soft, "segments", segs)
-		}
-	}
+	// In the background: listing every partition directory of a large
+	// log dir must not delay the moment the mount says it is ready.
+	go warnFileLimit(log, filepath.Dir(m.StateDir))
 	// Under systemd (Type=notify), units ordered after this one (the
 	// broker) start only now that the mount serves.
 	if err := sdNotify("READY=1\nSTATUS=serving " + m.Config.Mountpoint); err != nil {
@@ -352,4 +345,21 @@ func readAheadChunks(n int) int {
 		return -1
 	}
 	return n
+}
+
+// warnFileLimit warns when tierfs's open-file limit is too low for the
+// segments of the log dir at dir. It counts them in the backing
+// directory (through tierfs's own descriptor of it), so the count makes
+// no lookups through the mount.
+func warnFileLimit(log *slog.Logger, dir string) {
+	segs, err := countSegments(dir)
+	if err != nil {
+		return
+	}
+	soft, _ := fileLimit()
+	if advice := fileLimitAdvice("tierfs", soft, segs); advice != "" {
+		log.Warn("the open-file limit is too low for this log dir", "limit", soft, "segments", segs, "advice", advice)
+	} else {
+		log.Debug("open-file limit", "limit", soft, "segments", segs)
+	}
 }
