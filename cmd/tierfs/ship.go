@@ -177,14 +177,10 @@ func returnCounts(c *tiering.Counters) []returnCount {
 }
 
 // returns asks the mount at mountpoint what brought segments back; nil
-// when it does not answer (not a mount, or no remote).
+// when it does not answer (not a mount).
 func returns(mountpoint string) []returnCount {
-	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
-	defer cancel()
 	var out []returnCount
-	control.Call(ctx, mountpoint, control.Request{Op: "returns"}, func(e control.Event) {
-		json.Unmarshal(e.Status, &out)
-	})
+	askMount(mountpoint, "returns", &out)
 	return out
 }
 
@@ -316,11 +312,17 @@ func move(ctx context.Context, out, errOut io.Writer, op string, paths []string,
 // lastErrors asks the mount at mountpoint for its partitions' last
 // errors; none when it does not answer (not a mount, or no remote).
 func lastErrors(mountpoint string) map[string]tiering.PartitionError {
+	var out map[string]tiering.PartitionError
+	askMount(mountpoint, "status", &out)
+	return out
+}
+
+// askMount puts the running mount's answer to op into out; out stays as
+// it is when nothing answers within 2 s (not a mount).
+func askMount(mountpoint, op string, out any) {
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
 	defer cancel()
-	var out map[string]tiering.PartitionError
-	control.Call(ctx, mountpoint, control.Request{Op: "status"}, func(e control.Event) {
-		json.Unmarshal(e.Status, &out)
+	control.Call(ctx, mountpoint, control.Request{Op: op}, func(e control.Event) {
+		json.Unmarshal(e.Status, out)
 	})
-	return out
 }
