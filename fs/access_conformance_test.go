@@ -12,15 +12,14 @@ import (
 	"github.com/tierfs/tierfs/internal/testenv"
 )
 
-// reachable makes dir and every directory above it up to / searchable
-// by everyone (t.TempDir makes them 0700), so other users reach it.
+// reachable makes dir, and the directories above it inside the temporary
+// directory, searchable by everyone (t.TempDir makes them 0700), so
+// other users reach it.
 func reachable(t *testing.T, dir string) {
 	t.Helper()
-	for d := dir; d != "/" && d != "."; d = filepath.Dir(d) {
-		if strings.HasPrefix(d, os.TempDir()+"/") || d == dir {
-			if err := os.Chmod(d, 0o755); err != nil {
-				t.Fatal(err)
-			}
+	for d := dir; strings.HasPrefix(d, os.TempDir()+"/"); d = filepath.Dir(d) {
+		if err := os.Chmod(d, 0o755); err != nil {
+			t.Fatal(err)
 		}
 	}
 }

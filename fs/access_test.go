@@ -44,13 +44,7 @@ func TestModesAsTheBackingFile(t *testing.T) {
 	for _, passthrough := range []bool{false, true} {
 		t.Run(fmt.Sprintf("passthrough=%v", passthrough), func(t *testing.T) {
 			top := t.TempDir()
-			// t.TempDir and its parent are 0700: nobody could not reach
-			// the mount at all.
-			for _, d := range []string{filepath.Dir(top), top} {
-				if err := os.Chmod(d, 0o755); err != nil {
-					t.Fatal(err)
-				}
-			}
+			reachable(t, top) // else nobody could not reach the mount at all
 			backing := filepath.Join(top, "backing")
 			if err := os.Mkdir(backing, 0o755); err != nil {
 				t.Fatal(err)
