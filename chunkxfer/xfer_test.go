@@ -134,7 +134,7 @@ func TestRoundTrip(t *testing.T) {
 				if got, _ := os.ReadFile(dest); !bytes.Equal(got, want) {
 					t.Fatalf("download of %d bytes differs", size)
 				}
-				cache, _ := NewCache(4 * cs)
+				cache, _ := NewPool(4*cs, nil)
 				r, err := NewReader(ctx, b.s, key, cache, ReaderOptions{ReadAhead: 2})
 				if err != nil {
 					t.Fatal(err)
@@ -298,7 +298,7 @@ func TestMemFaults(t *testing.T) {
 				t.Fatalf("seed %d: download returned wrong bytes", seed)
 			}
 		}
-		cache, _ := NewCache(2 * cs)
+		cache, _ := NewPool(2*cs, nil)
 		rd, err := NewReader(ctx, m, "k", cache, ReaderOptions{ReadAhead: 2})
 		if err == nil {
 			got := make([]byte, len(want))
@@ -326,7 +326,7 @@ func TestMemFaults(t *testing.T) {
 	if _, err := up.Upload(ctx, path, "k"); err != nil {
 		t.Fatal(err)
 	}
-	cache, _ := NewCache(1 << 20)
+	cache, _ := NewPool(1<<20, nil)
 	defer cache.Close()
 	rd, err := NewReader(ctx, m, "k", cache, ReaderOptions{})
 	if err != nil {
@@ -354,7 +354,7 @@ func TestReaderRandomReads(t *testing.T) {
 			}
 			local, _ := os.Open(path)
 			defer local.Close()
-			cache, _ := NewCache(2 * cs) // holds two chunks of seven
+			cache, _ := NewPool(2*cs, nil) // holds two chunks of seven
 			defer cache.Close()
 			rd, err := NewReader(ctx, b.s, "r/f", cache, ReaderOptions{ReadAhead: 1})
 			if err != nil {
@@ -375,10 +375,11 @@ func TestReaderRandomReads(t *testing.T) {
 				if gn != wn || (gerr == nil) != (werr == nil) || !bytes.Equal(got[:gn], want[:wn]) {
 					t.Fatalf("ReadAt(%d, %d): %d %v, file gives %d %v", n, off, gn, gerr, wn, werr)
 				}
-				if sl, ok, err := rd.Slice(ctx, off, int(n)); ok {
+				if sl, release, ok, err := rd.Slice(ctx, off, int(n)); ok {
 					if err != nil || !bytes.Equal(sl, want[:wn]) {
 						t.Fatalf("Slice(%d, %d): %d bytes, %v; file gives %d", off, n, len(sl), err, wn)
 					}
+					release()
 				} else if n > 0 && off < size && (off/cs == (min(off+n, size)-1)/cs) {
 					t.Fatalf("Slice(%d, %d) refused a range within one chunk", off, n)
 				}
@@ -397,7 +398,7 @@ func TestReaderSingleflight(t *testing.T) {
 	if _, err := up.Upload(ctx, path, "s"); err != nil {
 		t.Fatal(err)
 	}
-	cache, _ := NewCache(1 << 20)
+	cache, _ := NewPool(1<<20, nil)
 	defer cache.Close()
 	rd, err := NewReader(ctx, m, "s", cache, ReaderOptions{})
 	if err != nil {
@@ -423,16 +424,17 @@ func TestReaderSingleflight(t *testing.T) {
 	// Sequential reads fetch ahead: after reading chunk 0, chunk 1 is
 	// already there.
 	m.ClearFaults()
-	rd2, _ := NewReader(ctx, m, "s", cache, ReaderOptions{ReadAhead: 2})
+	cache2, _ := NewPool(1<<20, nil)
+	defer cache2.Close()
+	rd2, _ := NewReader(ctx, m, "s", cache2, ReaderOptions{ReadAhead: 2})
 	defer rd2.Close()
-	cache.c.Clear()
 	b := make([]byte, 1<<16)
 	rd2.ReadAt(b, 0)
 	deadline := time.Now().Add(5 * time.Second)
 	for rd2.Fetches() < 3 && time.Now().Before(deadline) {
 		time.Sleep(5 * time.Millisecond)
 	}
-	rd2.wg.Wait()
+	waitIdle(t, cache2)
 	before := rd2.Fetches()
 	rd2.ReadAt(b, 1<<16)
 	if before != 3 || rd2.Fetches() != before+0 && rd2.Fetches() != before+1 {
@@ -526,7 +528,7 @@ func TestS3ThroughFaultyProxy(t *testing.T) {
 		} else if got, _ := os.ReadFile(dest); !bytes.Equal(got, want) {
 			t.Fatalf("download %d returned wrong bytes", i)
 		}
-		cache, _ := NewCache(2 * cs)
+		cache, _ := NewPool(2*cs, nil)
 		rd, err := NewReader(ctx, s, key, cache, ReaderOptions{ReadAhead: 1})
 		if err == nil {
 			got := make([]byte, len(want))

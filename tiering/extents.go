@@ -122,7 +122,7 @@ func (t *Tierer) openSource(rec Record) (remoteSource, error) {
 		if err != nil {
 			return nil, err
 		}
-		return chunkxfer.NewReaderFor(t.cfg.Store, m, t.cfg.Cache, opts), nil
+		return chunkxfer.NewReaderFor(t.cfg.Store, m, t.cfg.Pool, opts), nil
 	}
 	if err := checkExtents(rec.Extents, rec.Size); err != nil {
 		return nil, fmt.Errorf("record of %s: %w", rec.Key, err)
@@ -141,7 +141,7 @@ func (t *Tierer) openSource(rec Record) (remoteSource, error) {
 				r.Close()
 				return nil, fmt.Errorf("extent %d+%d of %s is past its %d bytes", e.Off, e.Len, e.Key, m.Size)
 			}
-			cr = chunkxfer.NewReaderFor(t.cfg.Store, m, t.cfg.Cache, opts)
+			cr = chunkxfer.NewReaderFor(t.cfg.Store, m, t.cfg.Pool, opts)
 			readers[e.Key] = cr
 			r.readers = append(r.readers, cr)
 		}

@@ -60,7 +60,9 @@ type Config struct {
 	ShipRate        int64 // bytes per second of all uploads together (0: no limit)
 	ChunkSize       int64 // transfer chunk size (default chunkxfer's)
 	Gate            *Gate // shared with the file system (nil: a private one)
-	Cache           *chunkxfer.Cache
+	// Pool is the chunk memory every read of an evicted file takes from
+	// (nil: a private one of 256 MiB).
+	Pool *chunkxfer.Pool
 	// BeforeFree, when set, is called with a segment's path before its
 	// local bytes are freed (change management caches its checksum
 	// then, so retaining it later needs no download); an error keeps
@@ -266,12 +268,12 @@ func New(cfg Config) (*Tierer, error) {
 	if cfg.Now == nil {
 		cfg.Now = time.Now
 	}
-	if cfg.Cache == nil {
-		c, err := chunkxfer.NewCache(256 << 20)
+	if cfg.Pool == nil {
+		p, err := chunkxfer.NewPool(256<<20, cfg.Log)
 		if err != nil {
 			return nil, err
 		}
-		cfg.Cache = c
+		cfg.Pool = p
 	}
 	t := &Tierer{cfg: cfg, indexes: map[string]*idx.File{}, plocks: map[string]*sync.Mutex{}, lastErr: map[string]PartitionError{}, kept: map[string]string{}, shipping: map[uint64]bool{}, batchLists: map[string][]idx.BatchRef{}, busy: map[string]bool{}, moves: map[uint64]*Move{}, stop: make(chan struct{}), ready: make(chan struct{})}
 	t.isFollower.Store(cfg.Role == RoleFollower)

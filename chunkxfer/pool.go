@@ -1,0 +1,639 @@
+package chunkxfer
+
+import (
+	"container/list"
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/tierfs/tierfs/chunkxfer/store"
+)
+
+// Pool is the chunk memory of a process: one budget of bytes for every
+// verified chunk of every remote object, shared by every Reader. A chunk
+// is fetched once whoever reads it (one table, one fetch per chunk of an
+// object), and it counts once however many readers hold it.
+//
+// Every chunk byte is in one of these kinds (see Usage):
+//   - in flight: a buffer a fetch is filling;
+//   - in use: a verified chunk a read is copying from or replying with;
+//   - windows: a verified chunk a reader is in the middle of, held for it
+//     between its reads (its claim);
+//   - read ahead: a verified chunk fetched ahead of a reader, not read yet;
+//   - cache: a verified chunk read before and kept for re-reads;
+//   - free: a buffer of an evicted chunk, kept to be filled again.
+//
+// The sum never exceeds the limit. A read that finds no room evicts
+// cache, then read-ahead chunks, then waits in line (first come, first
+// served) for a chunk in use to be released. Read-ahead never waits: it
+// takes only room that is free or cached, never more than half the
+// limit in flight, and never while a read waits, so a read waits only
+// behind other reads.
+//
+// A buffer is filled again only after its chunk left the table with no
+// holder (Pin counts holders), so a reader never sees another chunk's
+// bytes.
+type Pool struct {
+	limit int64
+	log   *slog.Logger
+	ctx   context.Context // fetches outlive their first reader; Close ends them
+	stop  context.CancelFunc
+	stats PoolStats
+
+	mu        sync.Mutex
+	used      int64              // bytes of every buffer below; GUARDED_BY(mu)
+	chunks    map[chunkID]*chunk // GUARDED_BY(mu)
+	cached    list.List          // of *chunk: no holder, read before; front is newest; GUARDED_BY(mu)
+	ahead     list.List          // of *chunk: no holder, not read yet; GUARDED_BY(mu)
+	free      map[int64][][]byte // buffers by length; GUARDED_BY(mu)
+	freeBytes int64              // GUARDED_BY(mu)
+	aheadBusy int64              // bytes of read-ahead fetches in flight; GUARDED_BY(mu)
+	waiters   list.List          // of *waiter, first come first served; GUARDED_BY(mu)
+	claims    list.List          // of *claim; GUARDED_BY(mu)
+	timer     *time.Timer        // wakes waiters when a claim can be revoked; GUARDED_BY(mu)
+	claimIdle time.Duration      // a claim unused this long is revoked for a waiting read
+	now       func() time.Time
+	wg        sync.WaitGroup // fetches in flight
+}
+
+// PoolStats count the chunk reads of every Reader of a Pool, for metrics.
+type PoolStats struct {
+	Hits         atomic.Int64 // chunks a read found in memory (or being fetched for another)
+	Misses       atomic.Int64 // chunks fetched from the store (reads and read-ahead)
+	FetchedBytes atomic.Int64 // verified bytes fetched from the store
+	FetchErrors  atomic.Int64 // chunk fetches that failed (after retries)
+	AheadSkipped atomic.Int64 // read-ahead chunks not fetched for want of memory
+	AheadWasted  atomic.Int64 // read-ahead chunks evicted before any read
+	Revoked      atomic.Int64 // readers' claims revoked for a waiting read
+	Waits        atomic.Int64 // reads that waited for memory
+	WaitNanos    atomic.Int64 // total time reads waited for memory
+}
+
+// Usage is how the pool's bytes are used now, by kind.
+type Usage struct {
+	Limit                                            int64
+	InFlight, InUse, Windows, ReadAhead, Cache, Free int64
+	Waiting                                          int // reads waiting for memory
+	Chunks                                           int // chunks in the table
+}
+
+// Used is every kind's bytes together.
+func (u Usage) Used() int64 { return u.InFlight + u.InUse + u.Windows + u.ReadAhead + u.Cache + u.Free }
+
+type chunkID struct {
+	key, etag string
+	size      int64 // chunk size of the object's manifest
+	i         int
+}
+
+type chunkState uint8
+
+const (
+	chunkFetching chunkState = iota
+	chunkReady
+	chunkFailed
+)
+
+// chunk is one chunk of an object in the table.
+type chunk struct {
+	id     chunkID
+	n      int64
+	buf    []byte     // verified bytes once ready; GUARDED_BY(Pool.mu) until then
+	state  chunkState // GUARDED_BY(Pool.mu)
+	refs   int        // holders: reads waiting for it or reading it, and claims; GUARDED_BY(Pool.mu)
+	claims int        // the holders that are claims (of readers between reads); GUARDED_BY(Pool.mu)
+	read   bool       // a read has used it (else: fetched ahead); GUARDED_BY(Pool.mu)
+	ahead  bool       // its fetch was a read-ahead; GUARDED_BY(Pool.mu)
+	elem   *list.Element
+	done   chan struct{} // closed when the fetch ends
+	err    error         // set before done is closed
+}
+
+type waiter struct {
+	n     int64
+	buf   []byte // a free buffer handed over, or nil: allocate n
+	ready chan struct{}
+}
+
+// DefaultClaimIdle is how long a reader's claim on the chunk it is in
+// the middle of outlives its last read when another read waits for room.
+const DefaultClaimIdle = time.Second
+
+// claim is a Reader's hold on the chunk it is in the middle of, kept
+// between its reads so that the chunk is not evicted (and fetched again)
+// before the reader is done with it. A reader has at most one; it lets
+// it go before it waits for another chunk (so no reader holds memory
+// while it waits), when it closes, and when the pool revokes it: unused
+// for claimIdle while a read waits for room.
+type claim struct {
+	c    *chunk
+	r    *Reader
+	used time.Time
+	elem *list.Element
+}
+
+// ErrBudget is a chunk larger than the whole memory budget.
+var ErrBudget = errors.New("chunk does not fit in the memory budget")
+
+// NewPool makes a pool of at most limit bytes of chunk memory.
+func NewPool(limit int64, log *slog.Logger) (*Pool, error) {
+	if limit <= 0 {
+		return nil, fmt.Errorf("chunk memory of %d bytes", limit)
+	}
+	if log == nil {
+		log = slog.New(slog.DiscardHandler)
+	}
+	ctx, stop := context.WithCancel(context.Background())
+	return &Pool{limit: limit, log: log, ctx: ctx, stop: stop, claimIdle: DefaultClaimIdle, now: time.Now,
+		chunks: map[chunkID]*chunk{}, free: map[int64][][]byte{}}, nil
+}
+
+// Limit is the budget.
+func (p *Pool) Limit() int64 { return p.limit }
+
+// Stats are the pool's running counts.
+func (p *Pool) Stats() *PoolStats { return &p.stats }
+
+// Close ends the fetches in flight and waits for them.
+func (p *Pool) Close() {
+	p.mu.Lock()
+	if p.timer != nil {
+		p.timer.Stop()
+	}
+	p.mu.Unlock()
+	p.stop()
+	p.wg.Wait()
+}
+
+// Usage counts the pool's bytes by kind.
+func (p *Pool) Usage() Usage {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	u := Usage{Limit: p.limit, Free: p.freeBytes, Waiting: p.waiters.Len(), Chunks: len(p.chunks)}
+	for _, c := range p.chunks {
+		switch {
+		case c.state != chunkReady:
+		case c.refs > c.claims:
+			u.InUse += c.n
+		case c.refs > 0:
+			u.Windows += c.n
+		case c.read:
+			u.Cache += c.n
+		default:
+			u.ReadAhead += c.n
+		}
+	}
+	// The rest is taken by fetches: buffers being filled.
+	u.InFlight = p.used - u.Free - u.InUse - u.Windows - u.Cache - u.ReadAhead
+	return u
+}
+
+// Pin is a chunk held by a read: its bytes stay as they are until
+// Release, which must be called exactly once.
+type Pin struct {
+	p *Pool
+	c *chunk
+	b []byte
+}
+
+// Bytes are the chunk's verified bytes; the holder must not write them,
+// nor use them after Release.
+func (h Pin) Bytes() []byte { return h.b }
+
+// Release lets the chunk go: kept for re-reads while room allows.
+func (h Pin) Release() { h.p.release(h.c) }
+
+// fetcher fetches chunk i of an object into buf.
+type fetcher func(ctx context.Context, i int, buf []byte) error
+
+// get holds chunk id, fetching it once if no one has (f fills it).
+// It waits for memory in line with other reads, and gives up when ctx
+// ends (the fetch goes on for the other holders, if any).
+func (p *Pool) get(ctx context.Context, id chunkID, n int64, f fetcher) (Pin, error) {
+	if n > p.limit {
+		return Pin{}, fmt.Errorf("chunk %d of %s is %d bytes, the memory budget %d: %w", id.i, id.key, n, p.limit, ErrBudget)
+	}
+	p.mu.Lock()
+	c := p.chunks[id]
+	if c != nil && c.state != chunkFailed {
+		p.hold(c)
+		p.stats.Hits.Add(1)
+	} else {
+		c = &chunk{id: id, n: n, refs: 1, done: make(chan struct{})}
+		p.chunks[id] = c
+		p.wg.Add(1)
+		go p.fetch(c, f)
+	}
+	c.read = true
+	p.mu.Unlock()
+	select {
+	case <-c.done:
+	case <-ctx.Done():
+		p.release(c)
+		return Pin{}, ctx.Err()
+	}
+	if c.err != nil {
+		p.release(c)
+		return Pin{}, c.err
+	}
+	return Pin{p: p, c: c, b: c.buf}, nil
+}
+
+// prefetch fetches chunk id ahead of a read if memory is free for it
+// without waiting or taking any from a read. It reports whether the
+// chunk is in the table now.
+func (p *Pool) prefetch(id chunkID, n int64, f fetcher) bool {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if c := p.chunks[id]; c != nil && c.state != chunkFailed {
+		return true
+	}
+	if p.waiters.Len() > 0 || 2*(p.aheadBusy+n) > p.limit {
+		p.stats.AheadSkipped.Add(1)
+		return false
+	}
+	buf, ok := p.take(n, false)
+	if !ok {
+		p.stats.AheadSkipped.Add(1)
+		return false
+	}
+	c := &chunk{id: id, n: n, ahead: true, done: make(chan struct{})}
+	p.chunks[id] = c
+	p.aheadBusy += n
+	p.wg.Add(1)
+	go p.fetchInto(c, buf, f)
+	return true
+}
+
+// hold adds a holder to c, taking it off the evictable lists.
+func (p *Pool) hold(c *chunk) {
+	if c.refs == 0 && c.elem != nil {
+		if c.read {
+			p.cached.Remove(c.elem)
+		} else {
+			p.ahead.Remove(c.elem)
+		}
+		c.elem = nil
+	}
+	c.refs++
+}
+
+// release drops a holder of c; with none left, a ready chunk becomes
+// evictable and a failed one goes.
+func (p *Pool) release(c *chunk) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	p.unref(c)
+	p.wake()
+}
+
+// unref drops a holder of c; a ready chunk left with none becomes
+// evictable (the caller wakes waiters). GUARDED_BY(mu).
+func (p *Pool) unref(c *chunk) {
+	c.refs--
+	if c.refs > 0 || c.state == chunkFetching {
+		return
+	}
+	if c.state == chunkFailed {
+		return
+	}
+	p.park(c)
+}
+
+// park makes c, ready and held by no one, evictable. GUARDED_BY(mu).
+func (p *Pool) park(c *chunk) {
+	if c.read {
+		c.elem = p.cached.PushFront(c)
+	} else {
+		c.elem = p.ahead.PushFront(c)
+	}
+}
+
+// fetch waits in line for c's buffer, then fills it.
+func (p *Pool) fetch(c *chunk, f fetcher) {
+	p.mu.Lock()
+	var buf []byte
+	ok := false
+	if p.waiters.Len() == 0 { // else: in line behind them
+		buf, ok = p.take(c.n, true)
+	}
+	var w *waiter
+	if !ok {
+		w = &waiter{n: c.n, ready: make(chan struct{})}
+		p.waiters.PushBack(w)
+		p.stats.Waits.Add(1)
+	}
+	p.mu.Unlock()
+	if w != nil {
+		t0 := time.Now()
+		select {
+		case <-w.ready:
+			buf = w.buf
+		case <-p.ctx.Done():
+			p.mu.Lock()
+			select {
+			case <-w.ready: // served meanwhile: give it back
+				p.giveBack(w.buf, w.n)
+			default:
+				p.removeWaiter(w)
+			}
+			p.mu.Unlock()
+			p.finish(c, nil, p.ctx.Err())
+			p.wg.Done()
+			return
+		}
+		p.stats.WaitNanos.Add(int64(time.Since(t0)))
+	}
+	p.fetchInto(c, buf, f)
+}
+
+// fetchInto fills buf (nil: allocate c.n bytes, already counted) with
+// chunk c and makes it ready, or failed.
+func (p *Pool) fetchInto(c *chunk, buf []byte, f fetcher) {
+	defer p.wg.Done()
+	p.mu.Lock()
+	if c.refs == 0 && !c.ahead { // every read gave up while it waited
+		p.giveBack(buf, c.n)
+		p.mu.Unlock()
+		p.finish(c, nil, context.Canceled)
+		return
+	}
+	p.mu.Unlock()
+	if buf == nil {
+		buf = make([]byte, c.n)
+	}
+	p.stats.Misses.Add(1)
+	err := f(p.ctx, c.id.i, buf)
+	if err != nil {
+		p.stats.FetchErrors.Add(1)
+	} else {
+		p.stats.FetchedBytes.Add(c.n)
+	}
+	p.finish(c, buf, err)
+}
+
+// finish ends c's fetch: ready, or failed with err (its buffer, if any,
+// freed, and c out of the table so the next read tries again).
+func (p *Pool) finish(c *chunk, buf []byte, err error) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if c.ahead {
+		p.aheadBusy -= c.n
+	}
+	if err != nil {
+		c.state, c.err = chunkFailed, err
+		if buf != nil {
+			p.putFree(buf, c.n)
+		}
+		if p.chunks[c.id] == c {
+			delete(p.chunks, c.id)
+		}
+	} else {
+		c.state, c.buf = chunkReady, buf
+		if c.refs == 0 {
+			p.park(c)
+		}
+	}
+	close(c.done)
+	p.wake()
+}
+
+// take finds n bytes: a free buffer of that length, room under the
+// limit (then buf is nil: the caller allocates), or room made by
+// evicting chunks no one holds (cache first; read-ahead only for a
+// read). GUARDED_BY(mu).
+func (p *Pool) take(n int64, read bool) (buf []byte, ok bool) {
+	for {
+		if b := p.popFree(n); b != nil {
+			return b, true
+		}
+		if p.used+n <= p.limit {
+			p.used += n
+			return nil, true
+		}
+		if p.evict(read) {
+			continue
+		}
+		if p.dropFree() {
+			continue
+		}
+		if read && p.revokeIdle() {
+			continue
+		}
+		return nil, false
+	}
+}
+
+// readMode says how a read relates to its reader's earlier reads.
+type readMode uint8
+
+const (
+	readRandom     readMode = iota // at no particular place: claims nothing
+	readSequential                 // following the reader's last read
+	readStart                      // starting a sequential pass (at offset 0)
+)
+
+// read holds chunk i of r's object for one read. A sequential reader
+// keeps a claim on the chunk it has reached (r.want) until it reaches a
+// later one, so the chunk it is in the middle of is not evicted under it,
+// and every read of it after the first costs no lookup. The kernel may
+// send a reader's requests slightly out of order: a request behind the
+// chunk reached neither claims its chunk nor lets the claim go. A reader
+// at random offsets claims nothing; what it read stays in the cache
+// while room allows.
+func (p *Pool) read(ctx context.Context, r *Reader, i int, mode readMode) (Pin, error) {
+	id := r.id(i)
+	p.mu.Lock()
+	switch {
+	case mode == readStart:
+		r.want = i
+	case mode == readSequential && i > r.want:
+		r.want = i
+	}
+	if cl := r.claim; cl != nil {
+		if cl.c.id == id {
+			cl.c.refs++
+			cl.used = p.now()
+			p.stats.Hits.Add(1)
+			p.mu.Unlock()
+			return Pin{p: p, c: cl.c, b: cl.c.buf}, nil
+		}
+		if cl.c.id.i != r.want {
+			p.dropClaim(cl) // before any wait: a waiting reader holds nothing
+			p.wake()
+		}
+	}
+	p.mu.Unlock()
+	h, err := p.get(ctx, id, r.chunkLen(i), r.fetch)
+	if err != nil {
+		return h, err
+	}
+	p.mu.Lock()
+	if mode != readRandom && i == r.want && r.claim == nil && !r.closed.Load() {
+		h.c.refs++
+		h.c.claims++
+		cl := &claim{c: h.c, r: r, used: p.now()}
+		cl.elem = p.claims.PushBack(cl)
+		r.claim = cl
+	}
+	p.mu.Unlock()
+	return h, nil
+}
+
+// dropClaim lets a reader's claim go. GUARDED_BY(mu).
+func (p *Pool) dropClaim(cl *claim) {
+	p.claims.Remove(cl.elem)
+	cl.r.claim = nil
+	cl.c.claims--
+	p.unref(cl.c)
+}
+
+// revokeIdle revokes the claim unused for longest if it has been unused
+// for claimIdle and no read holds its chunk, so that a waiting read can
+// have the room; else it makes sure waiters are woken when one can be.
+// GUARDED_BY(mu).
+func (p *Pool) revokeIdle() bool {
+	var oldest *claim
+	for e := p.claims.Front(); e != nil; e = e.Next() {
+		cl := e.Value.(*claim)
+		if cl.c.refs == cl.c.claims && (oldest == nil || cl.used.Before(oldest.used)) {
+			oldest = cl
+		}
+	}
+	if oldest == nil {
+		return false
+	}
+	if wait := oldest.used.Add(p.claimIdle).Sub(p.now()); wait > 0 {
+		if p.timer == nil {
+			p.timer = time.AfterFunc(wait, func() {
+				p.mu.Lock()
+				defer p.mu.Unlock()
+				p.timer = nil
+				p.wake()
+			})
+		}
+		return false
+	}
+	p.stats.Revoked.Add(1)
+	p.dropClaim(oldest)
+	return true
+}
+
+// dropClaimOf lets r's claim go, if it has one.
+func (p *Pool) dropClaimOf(r *Reader) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if r.claim != nil {
+		p.dropClaim(r.claim)
+		p.wake()
+	}
+}
+
+// evict drops the least recently used chunk no one holds, its buffer
+// kept free. GUARDED_BY(mu).
+func (p *Pool) evict(read bool) bool {
+	l := &p.cached
+	if l.Len() == 0 {
+		if !read {
+			return false
+		}
+		l = &p.ahead
+	}
+	e := l.Back()
+	if e == nil {
+		return false
+	}
+	c := e.Value.(*chunk)
+	l.Remove(e)
+	c.elem = nil
+	if !c.read {
+		p.stats.AheadWasted.Add(1)
+	}
+	delete(p.chunks, c.id)
+	p.putFree(c.buf, c.n)
+	c.buf = nil
+	return true
+}
+
+// giveBack returns memory taken for n bytes: buf, or the room for it
+// when buf is nil. GUARDED_BY(mu).
+func (p *Pool) giveBack(buf []byte, n int64) {
+	if buf == nil {
+		p.used -= n
+		return
+	}
+	p.putFree(buf, n)
+}
+
+func (p *Pool) putFree(b []byte, n int64) {
+	p.free[n] = append(p.free[n], b)
+	p.freeBytes += n
+}
+
+func (p *Pool) popFree(n int64) []byte {
+	bs := p.free[n]
+	if len(bs) == 0 {
+		return nil
+	}
+	b := bs[len(bs)-1]
+	bs[len(bs)-1] = nil
+	if len(bs) == 1 {
+		delete(p.free, n)
+	} else {
+		p.free[n] = bs[:len(bs)-1]
+	}
+	p.freeBytes -= n
+	return b
+}
+
+// dropFree lets one free buffer go to the garbage collector, making room
+// for a buffer of another length.
+func (p *Pool) dropFree() bool {
+	for n := range p.free {
+		p.popFree(n)
+		p.used -= n
+		return true
+	}
+	return false
+}
+
+// wake serves waiting reads, first come first served, while memory
+// allows. GUARDED_BY(mu).
+func (p *Pool) wake() {
+	for e := p.waiters.Front(); e != nil; e = p.waiters.Front() {
+		w := e.Value.(*waiter)
+		buf, ok := p.take(w.n, true)
+		if !ok {
+			return
+		}
+		p.waiters.Remove(e)
+		w.buf = buf
+		close(w.ready)
+	}
+}
+
+func (p *Pool) removeWaiter(w *waiter) {
+	for e := p.waiters.Front(); e != nil; e = e.Next() {
+		if e.Value.(*waiter) == w {
+			p.waiters.Remove(e)
+			return
+		}
+	}
+}
+
+// storeFetcher fetches chunks of the object m describes from s, each
+// checked against m.
+func storeFetcher(s store.Store, m *Manifest, attempts int) fetcher {
+	policy := defaultRetry
+	policy.attempts = attempts
+	if policy.attempts <= 0 {
+		policy.attempts = 2
+	}
+	return func(ctx context.Context, i int, buf []byte) error {
+		return fetchChunkWith(ctx, policy, s, m, i, buf)
+	}
+}

@@ -1,0 +1,470 @@
+package chunkxfer
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"math/rand/v2"
+	"path/filepath"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/tierfs/tierfs/chunkxfer/store"
+)
+
+// countingStore counts the bytes of GETs open at once, the most ever,
+// and the GETs of each key.
+type countingStore struct {
+	store.Store
+	mu       sync.Mutex
+	open     int64
+	peak     int64
+	gets     map[string]int
+	hold     time.Duration // each GET body stays open this long
+	getCount atomic.Int64
+}
+
+func (c *countingStore) Get(ctx context.Context, key string, off, n int64, opt store.GetOptions) (io.ReadCloser, error) {
+	rc, err := c.Store.Get(ctx, key, off, n, opt)
+	if err != nil {
+		return nil, err
+	}
+	c.mu.Lock()
+	c.open += n
+	c.peak = max(c.peak, c.open)
+	if c.gets == nil {
+		c.gets = map[string]int{}
+	}
+	c.gets[key]++
+	c.mu.Unlock()
+	c.getCount.Add(1)
+	time.Sleep(c.hold)
+	return &countedBody{ReadCloser: rc, done: func() {
+		c.mu.Lock()
+		c.open -= n
+		c.mu.Unlock()
+	}}, nil
+}
+
+type countedBody struct {
+	io.ReadCloser
+	once sync.Once
+	done func()
+}
+
+func (b *countedBody) Close() error {
+	b.once.Do(b.done)
+	return b.ReadCloser.Close()
+}
+
+// poolObjects uploads n objects of chunks chunks of cs bytes each (the
+// last one shorter), each of other random bytes.
+func poolObjects(t *testing.T, s store.Store, n, chunks int, cs int64) (keys []string, want map[string][]byte) {
+	t.Helper()
+	dir := t.TempDir()
+	up := &Uploader{Store: s, JournalDir: dir, ChunkSize: cs}
+	want = map[string][]byte{}
+	for i := range n {
+		key := fmt.Sprintf("p/%d", i)
+		path := filepath.Join(dir, fmt.Sprint(i))
+		want[key] = randomFile(t, path, int64(chunks)*cs-100, uint64(i+1))
+		if _, err := up.Upload(context.Background(), path, key); err != nil {
+			t.Fatal(err)
+		}
+		keys = append(keys, key)
+	}
+	return keys, want
+}
+
+// waitIdle waits until no fetch is in flight in p.
+func waitIdle(t *testing.T, p *Pool) {
+	t.Helper()
+	deadline := time.Now().Add(10 * time.Second)
+	for {
+		u := p.Usage()
+		if u.InFlight == 0 && u.Waiting == 0 {
+			return
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("fetches still in flight: %+v", u)
+		}
+		time.Sleep(time.Millisecond)
+	}
+}
+
+// TestPoolBoundsEveryChunkByte: 40 readers of 20 objects with read-ahead
+// and a budget of four chunks. The bytes fetched at once (counted by the
+// store) and every kind of chunk memory together stay within the budget,
+// and every byte read is the object's.
+func TestPoolBoundsEveryChunkByte(t *testing.T) {
+	const cs = 64 << 10
+	cst := &countingStore{Store: store.NewMem(nil), hold: time.Millisecond}
+	keys, want := poolObjects(t, cst.Store, 20, 8, cs)
+	pool, err := NewPool(4*cs, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer pool.Close()
+	stop := make(chan struct{})
+	var over atomic.Value
+	go func() { // the budget holds at every moment we look
+		for {
+			select {
+			case <-stop:
+				return
+			default:
+			}
+			if u := pool.Usage(); u.Used() > u.Limit || u.InFlight < 0 {
+				over.Store(fmt.Sprintf("%+v", u))
+			}
+			time.Sleep(50 * time.Microsecond)
+		}
+	}()
+	var wg sync.WaitGroup
+	for r := range 40 {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			key := keys[r%len(keys)]
+			rd, err := NewReader(context.Background(), cst, key, pool, ReaderOptions{ReadAhead: 4})
+			if err != nil {
+				t.Error(err)
+				return
+			}
+			defer rd.Close()
+			got, err := io.ReadAll(io.NewSectionReader(rd, 0, rd.Size()))
+			if err != nil || !bytes.Equal(got, want[key]) {
+				t.Errorf("reader %d of %s: %d bytes, %v; differs: %v", r, key, len(got), err, !bytes.Equal(got, want[key]))
+			}
+		}()
+	}
+	wg.Wait()
+	close(stop)
+	if v := over.Load(); v != nil {
+		t.Fatalf("chunk memory over the budget: %s", v)
+	}
+	if cst.peak > pool.Limit() {
+		t.Fatalf("%d bytes fetched at once, budget %d", cst.peak, pool.Limit())
+	}
+	waitIdle(t, pool)
+	u := pool.Usage()
+	if u.InUse != 0 || u.Used() > u.Limit {
+		t.Fatalf("after every read ended: %+v (nothing may stay in use)", u)
+	}
+	t.Logf("peak fetched at once %d of %d; %d GETs for %d chunks; waits %d; read-ahead skipped %d, wasted %d",
+		cst.peak, pool.Limit(), cst.getCount.Load(), 20*8, pool.Stats().Waits.Load(), pool.Stats().AheadSkipped.Load(), pool.Stats().AheadWasted.Load())
+}
+
+// TestPoolNeverHandsOutAnotherChunksBytes reuses buffers as hard as it
+// can: 64 readers, random ranges of 12 objects, a budget of three
+// chunks, slices held for a while before they are checked and released.
+// A buffer filled again while a reader holds it would show as wrong
+// bytes here, and as a data race under -race.
+func TestPoolNeverHandsOutAnotherChunksBytes(t *testing.T) {
+	const cs = 16 << 10
+	s := store.NewMem(nil)
+	keys, want := poolObjects(t, s, 12, 5, cs)
+	pool, _ := NewPool(3*cs, nil)
+	defer pool.Close()
+	pool.claimIdle = time.Millisecond // revoke claims at once: more reuse
+	readers := map[string]*Reader{}
+	for _, k := range keys {
+		rd, err := NewReader(context.Background(), s, k, pool, ReaderOptions{ReadAhead: 2})
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer rd.Close()
+		readers[k] = rd
+	}
+	var wg sync.WaitGroup
+	for g := range 64 {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			r := rand.New(rand.NewPCG(uint64(g), 7))
+			for range 60 {
+				key := keys[r.IntN(len(keys))]
+				rd, w := readers[key], want[key]
+				off := r.Int64N(int64(len(w)))
+				n := 1 + r.IntN(cs)
+				if b, release, ok, err := rd.Slice(context.Background(), off, n); ok {
+					if err != nil {
+						t.Errorf("slice of %s at %d: %v", key, off, err)
+						return
+					}
+					if r.IntN(3) == 0 {
+						time.Sleep(time.Duration(r.IntN(300)) * time.Microsecond)
+					}
+					end := min(off+int64(n), int64(len(w)))
+					if !bytes.Equal(b, w[off:end]) {
+						t.Errorf("slice of %s at %d+%d: not the object's bytes", key, off, n)
+					}
+					release()
+					continue
+				}
+				got := make([]byte, n)
+				k, err := rd.ReadAt(got, off)
+				if err != nil && !errors.Is(err, io.EOF) {
+					t.Errorf("read of %s at %d: %v", key, off, err)
+					return
+				}
+				if !bytes.Equal(got[:k], w[off:off+int64(k)]) {
+					t.Errorf("read of %s at %d+%d: not the object's bytes", key, off, n)
+				}
+			}
+		}()
+	}
+	wg.Wait()
+	waitIdle(t, pool)
+	if u := pool.Usage(); u.InUse != 0 || u.Used() > u.Limit {
+		t.Fatalf("after every read: %+v", u)
+	}
+}
+
+// TestPoolSharesChunksBetweenReaders: 8 handles of one object read it at
+// once, each through its own Reader: one GET per chunk.
+func TestPoolSharesChunksBetweenReaders(t *testing.T) {
+	const cs = 64 << 10
+	cst := &countingStore{Store: store.NewMem(nil), hold: 2 * time.Millisecond}
+	keys, want := poolObjects(t, cst.Store, 1, 16, cs)
+	pool, _ := NewPool(64*cs, nil)
+	defer pool.Close()
+	var wg sync.WaitGroup
+	for r := range 8 {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			rd, err := NewReader(context.Background(), cst, keys[0], pool, ReaderOptions{ReadAhead: 2})
+			if err != nil {
+				t.Error(err)
+				return
+			}
+			defer rd.Close()
+			got := make([]byte, 0, rd.Size())
+			b := make([]byte, 32<<10)
+			for off := int64(0); off < rd.Size(); {
+				n, err := rd.ReadAt(b, off)
+				got = append(got, b[:n]...)
+				off += int64(n)
+				if err != nil && !errors.Is(err, io.EOF) {
+					t.Errorf("reader %d: %v", r, err)
+					return
+				}
+			}
+			if !bytes.Equal(got, want[keys[0]]) {
+				t.Errorf("reader %d: bytes differ", r)
+			}
+		}()
+	}
+	wg.Wait()
+	waitIdle(t, pool)
+	if n := cst.gets[keys[0]]; n != 16 {
+		t.Fatalf("8 readers of 16 chunks made %d GETs, want 16", n)
+	}
+}
+
+// TestPoolServesEveryReader: 200 readers of 20 objects and room for two
+// chunks. Every reader finishes; reads waited in line, and read-ahead
+// gave way to them.
+func TestPoolServesEveryReader(t *testing.T) {
+	const cs = 16 << 10
+	s := store.NewMem(nil)
+	keys, want := poolObjects(t, s, 20, 4, cs)
+	pool, _ := NewPool(2*cs, nil)
+	defer pool.Close()
+	var wg sync.WaitGroup
+	var done atomic.Int64
+	for r := range 200 {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			key := keys[r%len(keys)]
+			rd, err := NewReader(context.Background(), s, key, pool, ReaderOptions{ReadAhead: 4})
+			if err != nil {
+				t.Error(err)
+				return
+			}
+			defer rd.Close()
+			got, err := io.ReadAll(io.NewSectionReader(rd, 0, rd.Size()))
+			if err != nil || !bytes.Equal(got, want[key]) {
+				t.Errorf("reader %d: %v", r, err)
+			}
+			done.Add(1)
+		}()
+	}
+	wg.Wait()
+	if done.Load() != 200 {
+		t.Fatalf("%d of 200 readers finished", done.Load())
+	}
+	st := pool.Stats()
+	if st.Waits.Load() == 0 {
+		t.Fatal("no read waited for memory: the test did not press the budget")
+	}
+	t.Logf("waits %d (%.1f ms in all), read-ahead skipped %d", st.Waits.Load(), float64(st.WaitNanos.Load())/1e6, st.AheadSkipped.Load())
+}
+
+// TestPoolRefusesAChunkLargerThanTheBudget: an error that says so, not a
+// wait for ever.
+func TestPoolRefusesAChunkLargerThanTheBudget(t *testing.T) {
+	const cs = 64 << 10
+	s := store.NewMem(nil)
+	keys, _ := poolObjects(t, s, 1, 2, cs)
+	pool, _ := NewPool(cs/2, nil)
+	defer pool.Close()
+	rd, err := NewReader(context.Background(), s, keys[0], pool, ReaderOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	_, err = rd.ReadAt(make([]byte, 10), 0)
+	if !errors.Is(err, ErrBudget) {
+		t.Fatalf("read of a chunk larger than the budget: %v", err)
+	}
+}
+
+// TestPoolReadGivingUpWhileWaiting: a read whose context ends while it
+// waits for memory returns, and takes nothing once memory frees.
+func TestPoolReadGivingUpWhileWaiting(t *testing.T) {
+	const cs = 64 << 10
+	s := store.NewMem(nil)
+	keys, want := poolObjects(t, s, 2, 2, cs)
+	pool, _ := NewPool(cs, nil)
+	defer pool.Close()
+	a, _ := NewReader(context.Background(), s, keys[0], pool, ReaderOptions{})
+	b, _ := NewReader(context.Background(), s, keys[1], pool, ReaderOptions{})
+	sl, release, _, err := a.Slice(context.Background(), 0, 100) // holds the only room
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 50*time.Millisecond)
+	defer cancel()
+	if _, err := b.ReadAtContext(ctx, make([]byte, 10), 0); !errors.Is(err, context.DeadlineExceeded) {
+		t.Fatalf("read waiting for memory: %v", err)
+	}
+	if !bytes.Equal(sl, want[keys[0]][:100]) {
+		t.Fatal("held slice changed")
+	}
+	release()
+	waitIdle(t, pool)
+	got := make([]byte, 10)
+	if _, err := b.ReadAt(got, 0); err != nil || !bytes.Equal(got, want[keys[1]][:10]) {
+		t.Fatalf("read after the room was freed: %v", err)
+	}
+	if u := pool.Usage(); u.Used() > u.Limit || u.InUse != 0 {
+		t.Fatalf("%+v", u)
+	}
+}
+
+// TestPoolFetchErrorIsNotKept: a failed fetch fails its readers, and the
+// next read tries again.
+func TestPoolFetchErrorIsNotKept(t *testing.T) {
+	const cs = 64 << 10
+	m := store.NewMem(nil)
+	keys, want := poolObjects(t, m, 1, 2, cs)
+	pool, _ := NewPool(4*cs, nil)
+	defer pool.Close()
+	rd, _ := NewReader(context.Background(), m, keys[0], pool, ReaderOptions{Attempts: 1})
+	m.Inject(store.Fault{Op: store.OpGet, Err: errors.New("injected")})
+	if _, err := rd.ReadAt(make([]byte, 10), 0); err == nil {
+		t.Fatal("read through a failing GET succeeded")
+	}
+	m.ClearFaults()
+	got := make([]byte, 10)
+	if _, err := rd.ReadAt(got, 0); err != nil || !bytes.Equal(got, want[keys[0]][:10]) {
+		t.Fatalf("read after the fault: %v", err)
+	}
+	if u := pool.Usage(); u.Used() > u.Limit {
+		t.Fatalf("%+v", u)
+	}
+}
+
+// TestPoolSequentialReadersFetchEachChunkOnce: 8 sequential readers of
+// distinct objects, room for 4 chunks, small reads. Each reader keeps
+// the chunk it is in the middle of (its claim), so no chunk is evicted
+// under a reader and fetched again: one GET per chunk, though half the
+// readers wait at any time.
+func TestPoolSequentialReadersFetchEachChunkOnce(t *testing.T) {
+	const cs = 64 << 10
+	cst := &countingStore{Store: store.NewMem(nil), hold: time.Millisecond}
+	keys, want := poolObjects(t, cst.Store, 8, 6, cs)
+	pool, _ := NewPool(4*cs, nil)
+	defer pool.Close()
+	var wg sync.WaitGroup
+	for r, key := range keys {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			rd, err := NewReader(context.Background(), cst, key, pool, ReaderOptions{})
+			if err != nil {
+				t.Error(err)
+				return
+			}
+			defer rd.Close()
+			var got []byte
+			b := make([]byte, 4<<10)
+			for off := int64(0); off < rd.Size(); {
+				n, err := rd.ReadAt(b, off)
+				got = append(got, b[:n]...)
+				off += int64(n)
+				if err != nil && !errors.Is(err, io.EOF) {
+					t.Errorf("reader %d: %v", r, err)
+					return
+				}
+			}
+			if !bytes.Equal(got, want[key]) {
+				t.Errorf("reader %d: bytes differ", r)
+			}
+		}()
+	}
+	wg.Wait()
+	n := 0
+	for _, k := range keys {
+		n += cst.gets[k] // chunk GETs (not the manifests')
+	}
+	if n != 8*6 {
+		t.Fatalf("8 readers of 6 chunks each made %d GETs, want 48", n)
+	}
+	if pool.Stats().Waits.Load() == 0 {
+		t.Fatal("no read waited: the test did not press the budget")
+	}
+	if u := pool.Usage(); u.Windows != 0 || u.InUse != 0 {
+		t.Fatalf("closed readers still hold chunks: %+v", u)
+	}
+}
+
+// TestPoolRevokesAnIdleReadersClaim: a reader that stopped in the middle
+// of a chunk holds it only until another read needs the room and the
+// claim has been unused for claimIdle.
+func TestPoolRevokesAnIdleReadersClaim(t *testing.T) {
+	const cs = 64 << 10
+	s := store.NewMem(nil)
+	keys, want := poolObjects(t, s, 2, 2, cs)
+	pool, _ := NewPool(cs, nil)
+	defer pool.Close()
+	pool.claimIdle = 50 * time.Millisecond
+	idle, _ := NewReader(context.Background(), s, keys[0], pool, ReaderOptions{})
+	defer idle.Close()
+	if _, err := idle.ReadAt(make([]byte, 100), 0); err != nil {
+		t.Fatal(err)
+	}
+	if u := pool.Usage(); u.Windows != cs {
+		t.Fatalf("the reader's claim: %+v", u)
+	}
+	other, _ := NewReader(context.Background(), s, keys[1], pool, ReaderOptions{})
+	defer other.Close()
+	got := make([]byte, 100)
+	t0 := time.Now()
+	if _, err := other.ReadAt(got, 0); err != nil || !bytes.Equal(got, want[keys[1]][:100]) {
+		t.Fatalf("read past an idle claim: %v", err)
+	}
+	if time.Since(t0) < 40*time.Millisecond || pool.Stats().Revoked.Load() != 1 {
+		t.Fatalf("the claim was taken after %v, %d revoked", time.Since(t0), pool.Stats().Revoked.Load())
+	}
+	// The idle reader reads on: its chunk comes back.
+	if _, err := idle.ReadAt(got, 200); err != nil || !bytes.Equal(got, want[keys[0]][200:300]) {
+		t.Fatalf("the idle reader after its claim was revoked: %v", err)
+	}
+}
