@@ -112,6 +112,10 @@ func maxIO() int {
 	return max(min(maxWrite, fit), 32*page)
 }
 
+// maxBackground is how many background requests (readahead) the
+// kernel may have in flight to the mount at once.
+const maxBackground = 256
+
 // maxReadAhead is what the init reply allows the kernel's readahead to be
 // (the largest --read-ahead that takes effect).
 const maxReadAhead = 64 << 20
@@ -180,6 +184,13 @@ func (m *Mounted) start() error {
 			AllowOther: m.root.asRoot,
 			Options:    []string{"default_permissions"},
 			MaxWrite:   maxIO(),
+			// Reads of evicted files may wait for chunk memory, each
+			// holding one of the kernel's background request slots
+			// (readahead is sent as background requests). With the
+			// default 12, readers waiting for memory took every slot
+			// and the readers holding it could not send the reads that
+			// would release it: 40 readers ran at 0.2× one reader.
+			MaxBackground: maxBackground,
 			// The cap on kernel readahead: the window is set after the
 			// mount (setReadAhead).
 			MaxReadAhead: maxReadAhead,

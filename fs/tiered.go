@@ -73,9 +73,21 @@ type RemoteReader = interface {
 }
 
 // remoteSlicer is a RemoteReader that can hand out its verified bytes
-// without a copy (chunkxfer.Reader does).
+// without a copy (chunkxfer.Reader does): they stay as they are until
+// release, which the reply calls once the kernel has them.
 type remoteSlicer interface {
-	Slice(ctx context.Context, off int64, n int) ([]byte, bool, error)
+	Slice(ctx context.Context, off int64, n int) (b []byte, release func(), ok bool, err error)
+}
+
+// heldResult replies with bytes held until the reply is written.
+type heldResult struct {
+	fuse.ReadResult
+	release func()
+}
+
+func (r heldResult) Done() {
+	r.ReadResult.Done()
+	r.release()
 }
 
 // ErrRemote refuses a change to a file whose bytes are in the store.
@@ -211,12 +223,12 @@ func (tf *tieredFile) readRemoteBytes(dest []byte, off int64) (fuse.ReadResult, 
 	}
 	if sl, ok := r.(remoteSlicer); ok {
 		// Most reads lie in one chunk: reply straight from it.
-		if b, ok, err := sl.Slice(context.Background(), off, len(dest)); ok {
+		if b, release, ok, err := sl.Slice(context.Background(), off, len(dest)); ok {
 			if err != nil {
 				tf.node.root.log.Error("remote read failed", "ino", tf.ino, "offset", off, "len", len(dest), "err", err)
 				return nil, toErrno(&remoteError{err})
 			}
-			return fuse.ReadResultData(b), 0
+			return heldResult{fuse.ReadResultData(b), release}, 0
 		}
 	}
 	n, err := r.ReadAt(dest, off)

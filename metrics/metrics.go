@@ -31,10 +31,10 @@ type Tiering interface {
 	LastErrors() map[string]tiering.PartitionError
 }
 
-// Registry builds the registry of one mount: the tierer's and the
-// cache's metrics (either may be nil: a mount without a remote), and the
+// Registry builds the registry of one mount: the tierer's and the chunk
+// memory's metrics (either may be nil: a mount without a remote), and the
 // Go runtime's and the process's.
-func Registry(t Tiering, cache *chunkxfer.Cache, log *slog.Logger) *prometheus.Registry {
+func Registry(t Tiering, pool *chunkxfer.Pool, log *slog.Logger) *prometheus.Registry {
 	reg := prometheus.NewRegistry()
 	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 	if t != nil {
@@ -57,16 +57,23 @@ func Registry(t Tiering, cache *chunkxfer.Cache, log *slog.Logger) *prometheus.R
 		counter(reg, "tierfs_remote_delete_segments_total", "Remote copies deleted after the broker deleted their segment.", c.DeletedSegments.Load)
 		counter(reg, "tierfs_tiering_errors_total", "Failed tiering steps (ship, evict, delete); the last one of each partition is in tierfs_partition_last_error_timestamp_seconds and tierfs status.", c.Errors.Load)
 	}
-	if cache != nil {
-		s := cache.Stats()
-		// A chunk not in the cache is fetched: misses are these requests
+	if pool != nil {
+		s := pool.Stats()
+		// A chunk not in memory is fetched: misses are these requests
 		// (one metric, not two of the same counter).
-		counter(reg, "tierfs_remote_fetch_requests_total", "Chunks fetched from the store to serve reads: the chunk cache's misses.", s.Misses.Load)
-		counter(reg, "tierfs_remote_fetch_bytes_total", "Verified bytes fetched from the store to serve reads.", s.FetchedBytes.Load)
+		counter(reg, "tierfs_remote_fetch_requests_total", "Chunks fetched from the store to serve reads and read-ahead: the chunk memory's misses.", s.Misses.Load)
+		counter(reg, "tierfs_remote_fetch_bytes_total", "Verified bytes fetched from the store to serve reads and read-ahead.", s.FetchedBytes.Load)
 		counter(reg, "tierfs_remote_fetch_errors_total", "Chunk fetches that failed after retries (readers got EIO).", s.FetchErrors.Load)
-		counter(reg, "tierfs_cache_hits_total", "Chunks served from the chunk cache.", s.Hits.Load)
-		reg.MustRegister(prometheus.NewGaugeFunc(prometheus.GaugeOpts{Name: "tierfs_cache_bytes", Help: "Chunk data held in the chunk cache."},
-			func() float64 { return float64(cache.UsedBytes()) }))
+		counter(reg, "tierfs_cache_hits_total", "Chunk reads served from the chunk memory (a chunk fetched ahead, kept, or being fetched for another reader).", s.Hits.Load)
+		counter(reg, "tierfs_read_ahead_skipped_total", "Read-ahead chunks not fetched because the chunk memory had no room to spare for them.", s.AheadSkipped.Load)
+		counter(reg, "tierfs_read_ahead_wasted_total", "Read-ahead chunks evicted before any read used them.", s.AheadWasted.Load)
+		counter(reg, "tierfs_chunk_memory_claims_revoked_total", "Chunks a sequential reader was in the middle of, taken back after it was idle for a second because a read needed the room.", s.Revoked.Load)
+		counter(reg, "tierfs_chunk_memory_waits_total", "Reads that waited for chunk memory (all of it held by other reads).", s.Waits.Load)
+		reg.MustRegister(prometheus.NewCounterFunc(prometheus.CounterOpts{Name: "tierfs_chunk_memory_wait_seconds_total", Help: "Time reads waited for chunk memory, in all."},
+			func() float64 { return float64(s.WaitNanos.Load()) / 1e9 }))
+		reg.MustRegister(prometheus.NewGaugeFunc(prometheus.GaugeOpts{Name: "tierfs_chunk_memory_limit_bytes", Help: "The chunk memory budget (--cache-bytes)."},
+			func() float64 { return float64(pool.Limit()) }))
+		reg.MustRegister(&chunkMemory{pool: pool})
 	}
 	return reg
 }
@@ -179,4 +186,22 @@ func Serve(ctx context.Context, addr string, reg *prometheus.Registry, log *slog
 	}()
 	log.Info("serving metrics", "addr", l.Addr().String())
 	return nil
+}
+
+var descChunkMemory = prometheus.NewDesc("tierfs_chunk_memory_bytes", "Chunk memory by kind: in_flight (being fetched), in_use (being read), windows (the chunk a sequential reader is in the middle of, kept for it between its reads), read_ahead (fetched ahead, not read yet), cache (read and kept), free (buffers kept to be filled again). Together at most tierfs_chunk_memory_limit_bytes.",
+	[]string{"kind"}, nil)
+
+// chunkMemory reports the chunk memory by kind, from one look at it.
+type chunkMemory struct{ pool *chunkxfer.Pool }
+
+func (c *chunkMemory) Describe(ch chan<- *prometheus.Desc) { ch <- descChunkMemory }
+
+func (c *chunkMemory) Collect(ch chan<- prometheus.Metric) {
+	u := c.pool.Usage()
+	for _, k := range []struct {
+		kind  string
+		bytes int64
+	}{{"in_flight", u.InFlight}, {"in_use", u.InUse}, {"windows", u.Windows}, {"read_ahead", u.ReadAhead}, {"cache", u.Cache}, {"free", u.Free}} {
+		ch <- prometheus.MustNewConstMetric(descChunkMemory, prometheus.GaugeValue, float64(k.bytes), k.kind)
+	}
 }

@@ -32,13 +32,13 @@ func TestMetricsOfATierer(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	cache, err := chunkxfer.NewCache(64 << 20)
+	cache, err := chunkxfer.NewPool(64<<20, nil)
 	if err != nil {
 		t.Fatal(err)
 	}
 	defer cache.Close()
 	tr, err := tiering.New(tiering.Config{Root: root, StateDir: filepath.Join(root, ".tierfs"), Store: store.NewMem(nil),
-		Policy: tiering.Policy{ShipAfter: time.Minute}, LocalRetentionBytes: 1, ChunkSize: 64 << 10, Cache: cache})
+		Policy: tiering.Policy{ShipAfter: time.Minute}, LocalRetentionBytes: 1, ChunkSize: 64 << 10, Pool: cache})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -88,6 +88,9 @@ func TestMetricsOfATierer(t *testing.T) {
 		`tierfs_tiering_errors_total 0`,
 		`tierfs_remote_fetch_errors_total 0`,
 		`tierfs_partitions_scrape_error 0`,
+		`tierfs_chunk_memory_limit_bytes 6.7108864e+07`,
+		`tierfs_chunk_memory_bytes{kind="in_use"} 0`,
+		`tierfs_chunk_memory_waits_total 0`,
 		`go_goroutines `,
 	} {
 		if !strings.Contains(text, want) {
@@ -95,6 +98,7 @@ func TestMetricsOfATierer(t *testing.T) {
 		}
 	}
 	for _, positive := range []string{"tierfs_remote_copy_bytes_total", "tierfs_remote_fetch_bytes_total", "tierfs_remote_fetch_requests_total",
+		`tierfs_chunk_memory_bytes{kind="cache"}`,
 		`tierfs_remote_log_size_bytes{partition="orders-0"}`, `tierfs_local_log_size_bytes{partition="orders-1"}`, `tierfs_remote_copy_lag_bytes{partition="orders-1"}`} {
 		if v := value(text, positive); v <= 0 {
 			t.Errorf("%s = %v, want > 0", positive, v)

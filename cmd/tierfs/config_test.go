@@ -2,6 +2,8 @@ package main
 
 import (
 	"bytes"
+	"errors"
+	"log/slog"
 	"os"
 	"path/filepath"
 	"strings"
@@ -129,5 +131,15 @@ func TestSizeFlagsTakeUnits(t *testing.T) {
 	err := app.Run([]string{"tierfs", "--cache-bytes", "16 mebibytes"})
 	if err == nil || !strings.Contains(err.Error(), "--cache-bytes") {
 		t.Errorf("a bad size: %v", err)
+	}
+}
+
+// TestChunkMemoryBelowOneChunkIsRefused: a budget no read could be
+// served from is refused with what to use instead.
+func TestChunkMemoryBelowOneChunkIsRefused(t *testing.T) {
+	_, err := chunkPool(1<<20, slog.New(slog.DiscardHandler))
+	var ee *exitError
+	if !errors.As(err, &ee) || ee.code != 2 || !strings.Contains(err.Error(), "--cache-bytes 1.0 MiB is less than one chunk (8.0 MiB)") || !strings.Contains(err.Error(), "at least 8MiB") {
+		t.Fatalf("--cache-bytes 1MiB: %v", err)
 	}
 }

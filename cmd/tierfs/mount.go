@@ -13,6 +13,7 @@ import (
 	"os"
 	"os/signal"
 	"path/filepath"
+	"runtime/debug"
 	"runtime/pprof"
 	"syscall"
 	"time"
@@ -45,7 +46,7 @@ func cmdMount() *cli.Command {
 			&cli.IntFlag{Name: "ship-concurrency", Value: 2, Usage: "segments shipped at once", EnvVars: []string{"TIERFS_SHIP_CONCURRENCY"}},
 			&cli.DurationFlag{Name: "tier-interval", Value: 30 * time.Second, Usage: "how often the tierer looks for work", EnvVars: []string{"TIERFS_TIER_INTERVAL"}},
 			&cli.IntFlag{Name: "remote-read-ahead", Value: 4, Usage: "chunks of an evicted segment fetched ahead of a sequential reader (0: none)", EnvVars: []string{"TIERFS_REMOTE_READ_AHEAD"}},
-			&cli.StringFlag{Name: "cache-bytes", Value: "256MiB", Usage: "memory for chunks of remote files (a size: 512MiB, 2GiB, or bytes)", EnvVars: []string{"TIERFS_CACHE_BYTES"}},
+			&cli.StringFlag{Name: "cache-bytes", Value: "256MiB", Usage: "the memory budget for every chunk of remote files: being fetched, read, fetched ahead or cached (a size: 512MiB, 2GiB, or bytes; at least one 8 MiB chunk). The Go runtime's memory limit is set to this plus 48 MiB unless GOMEMLIMIT is set", EnvVars: []string{"TIERFS_CACHE_BYTES"}},
 			&cli.StringFlag{Name: "role", Value: "leader", Usage: "leader: ship and evict this broker's segments; follower: ship nothing, free segments whose batches the leader shipped (brokers sharing --remote); reader: a read-only log dir of every segment in the store (--remote), for analytics hosts", EnvVars: []string{"TIERFS_ROLE"}},
 			&cli.DurationFlag{Name: "follow-interval", Value: 10 * time.Second, Usage: "follower and reader: how often the store is looked at for new and deleted segments", EnvVars: []string{"TIERFS_FOLLOW_INTERVAL"}},
 			&cli.StringFlag{Name: "broker-id", Usage: "this broker's name among the brokers sharing --remote (default: node.id from the log dir's meta.properties)", EnvVars: []string{"TIERFS_BROKER_ID"}},
@@ -129,7 +130,7 @@ func runMount(c *cli.Context) error {
 	var tierer *tiering.Tierer
 	var tier fs.Tiering
 	var shipRate int64
-	var cache *chunkxfer.Cache
+	var cache *chunkxfer.Pool
 	if url := c.String("remote"); url != "" {
 		st, err := openStore(c, url)
 		if err != nil {
@@ -138,9 +139,10 @@ func runMount(c *cli.Context) error {
 		if shipRate, err = units.ParseSize(c.String("ship-rate")); err != nil {
 			return &exitError{code: 2, err: fmt.Errorf("--ship-rate: %w", err)}
 		}
-		if cache, err = chunkxfer.NewCache(sizes["cache-bytes"]); err != nil {
+		if cache, err = chunkPool(sizes["cache-bytes"], log); err != nil {
 			return err
 		}
+		defer cache.Close()
 		tierer, err = tiering.New(tiering.Config{
 			Store:                    st,
 			Policy:                   tiering.Policy{ShipAfter: c.Duration("ship-after")},
@@ -149,7 +151,7 @@ func runMount(c *cli.Context) error {
 			LocalRetentionTotalBytes: sizes["local-retention-total-bytes"],
 			Concurrency:              c.Int("ship-concurrency"),
 			ShipRate:                 shipRate,
-			Cache:                    cache,
+			Pool:                     cache,
 			BeforeFree:               beforeFree(changes),
 			Role:                     c.String("role"),
 			StoreID:                  storeID(url),
@@ -336,6 +338,26 @@ func sizeFlags(c *cli.Context, names ...string) (map[string]int64, error) {
 		out[name] = n
 	}
 	return out, nil
+}
+
+// goMemoryOverhead is what the mount needs beside its chunk memory: the
+// Go runtime's memory limit is the budget plus this.
+const goMemoryOverhead = 48 << 20
+
+// chunkPool makes the chunk memory of --cache-bytes, refusing a budget
+// no read could be served from, and sets the Go runtime's memory limit
+// from it (unless GOMEMLIMIT says otherwise) so that the process's
+// memory follows the budget.
+func chunkPool(budget int64, log *slog.Logger) (*chunkxfer.Pool, error) {
+	if budget < chunkxfer.DefaultChunkSize {
+		return nil, &exitError{code: 2, err: fmt.Errorf("--cache-bytes %s is less than one chunk (%s): a read of an evicted file holds a whole chunk, checked, before it returns a byte; use at least 8MiB (the default is 256MiB)",
+			units.FormatSize(budget), units.FormatSize(chunkxfer.DefaultChunkSize))}
+	}
+	if os.Getenv("GOMEMLIMIT") == "" {
+		debug.SetMemoryLimit(budget + goMemoryOverhead)
+		log.Debug("go memory limit set from --cache-bytes", "limit", budget+goMemoryOverhead)
+	}
+	return chunkxfer.NewPool(budget, log)
 }
 
 // readAheadChunks turns --remote-read-ahead into tiering's setting (0 is

@@ -149,7 +149,7 @@ func cmdStore() *cli.Command {
 					if err != nil {
 						return err
 					}
-					cache, err := chunkxfer.NewCache(64 << 20)
+					cache, err := chunkxfer.NewPool(64<<20, nil)
 					if err != nil {
 						return err
 					}
