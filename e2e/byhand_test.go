@@ -272,7 +272,7 @@ func TestWriteToEvictedFile(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	args := []string{"--backing", backing, "--remote", r.url, "--ship-after", "1000h", "--tier-interval", "200ms", "--cache-bytes", "1024", mnt}
+	args := []string{"--backing", backing, "--remote", r.url, "--ship-after", "1000h", "--tier-interval", "200ms", "--cache-bytes", "8MiB", mnt}
 	m := startMount(t, r.env, args...)
 	seg := func(i int) string {
 		return filepath.Join(mnt, "orders-0", fmt.Sprintf("%020d.log", bases["orders-0"][i]))

@@ -40,7 +40,7 @@ func TestKillDuringTiering(t *testing.T) {
 		t.Fatal(err)
 	}
 	args := []string{"--backing", backing, "--remote", "file://" + remoteDir, "--ship-after", "1m",
-		"--local-retention-bytes", "1", "--tier-interval", "50ms", "--cache-bytes", "1048576", mnt}
+		"--local-retention-bytes", "1", "--tier-interval", "50ms", "--cache-bytes", "8MiB", mnt}
 	seed := uint64(time.Now().UnixNano())
 	t.Logf("seed %d", seed)
 	r := rand.New(rand.NewPCG(seed, 5))
@@ -130,7 +130,7 @@ func checkNothingLost(t *testing.T, backing string, st store.Store, before map[s
 			t.Errorf("%s is remote but its object is not usable: %v", rel, err)
 			continue
 		}
-		cache, _ := chunkxfer.NewCache(1 << 20)
+		cache, _ := chunkxfer.NewPool(16<<20, nil)
 		rd := chunkxfer.NewReaderFor(st, m, cache, chunkxfer.ReaderOptions{})
 		b := make([]byte, m.Size)
 		_, err = rd.ReadAt(b, 0)

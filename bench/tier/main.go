@@ -87,7 +87,7 @@ func main() {
 			env = append(env, "TIERFS_CPUPROFILE="+p)
 		}
 		unmount, err := benchutil.Mount(tierfsBin, filepath.Join(dir, "tierfs.log"), env, "--backing", backing, "--remote", remote, "--ship-after", "1m",
-			"--local-retention-bytes", "1", "--tier-interval", "500ms", "--cache-bytes", "1048576", mnt)
+			"--local-retention-bytes", "1", "--tier-interval", "500ms", "--cache-bytes", "64MiB", mnt)
 		check(err)
 		return unmount
 	}
@@ -245,7 +245,7 @@ func check(err error) {
 func readerAlone(ctx context.Context, st *store.S3, key string) {
 	ps, err := store.NewS3(ctx, func() store.S3Options { o := srvOpts; o.Prefix = "kafka/"; return o }())
 	check(err)
-	cache, err := chunkxfer.NewCache(1 << 20)
+	cache, err := chunkxfer.NewPool(64<<20, nil)
 	check(err)
 	defer cache.Close()
 	r, err := chunkxfer.NewReader(ctx, ps, key, cache, chunkxfer.ReaderOptions{ReadAhead: 4})

@@ -81,7 +81,7 @@ func main() {
 		dest := filepath.Join(dir, "dest")
 		add("Downloader, 8 streams", benchutil.Time(func() { _, err := dl.Download(ctx, key, dest); check(err) }))
 		os.Remove(dest)
-		cache, err := chunkxfer.NewCache(*cacheMiB << 20)
+		cache, err := chunkxfer.NewPool(*cacheMiB<<20, nil)
 		check(err)
 		var peak atomic.Uint64
 		stop := sampleHeap(&peak)
@@ -176,7 +176,7 @@ func rawGet(ctx context.Context, c *s3.Client, bucket, key string, size int64, s
 	check(benchutil.RawGet(ctx, c, bucket, key, size, chunk, streams, dst))
 }
 
-func readSeq(ctx context.Context, s store.Store, key string, cache *chunkxfer.Cache, readAhead int) {
+func readSeq(ctx context.Context, s store.Store, key string, cache *chunkxfer.Pool, readAhead int) {
 	r, err := chunkxfer.NewReader(ctx, s, key, cache, chunkxfer.ReaderOptions{ReadAhead: readAhead})
 	check(err)
 	defer r.Close()

@@ -61,17 +61,23 @@ func WaitFor(cond func() bool, d time.Duration, what string) error {
 // to this process's environment and its output in logPath, and waits until
 // it is mounted. unmount stops it (SIGTERM) and waits for it to exit.
 func Mount(bin, logPath string, env []string, args ...string) (unmount func(), err error) {
+	unmount, _, err = MountProc(bin, logPath, env, args...)
+	return unmount, err
+}
+
+// MountProc is Mount that also gives the mount's process id.
+func MountProc(bin, logPath string, env []string, args ...string) (unmount func(), pid int, err error) {
 	mnt := args[len(args)-1]
 	logf, err := os.Create(logPath)
 	if err != nil {
-		return nil, err
+		return nil, 0, err
 	}
 	cmd := exec.Command(bin, append([]string{"mount"}, args...)...)
 	cmd.Env = append(os.Environ(), env...)
 	cmd.Stdout, cmd.Stderr = logf, logf
 	if err := cmd.Start(); err != nil {
 		logf.Close()
-		return nil, err
+		return nil, 0, err
 	}
 	unmount = func() {
 		cmd.Process.Signal(syscall.SIGTERM)
@@ -80,9 +86,9 @@ func Mount(bin, logPath string, env []string, args ...string) (unmount func(), e
 	}
 	if err := WaitFor(func() bool { return IsMount(mnt) }, 20*time.Second, "tierfs mount"); err != nil {
 		unmount()
-		return nil, fmt.Errorf("%w (log in %s)", err, logPath)
+		return nil, 0, fmt.Errorf("%w (log in %s)", err, logPath)
 	}
-	return unmount, nil
+	return unmount, cmd.Process.Pid, nil
 }
 
 // Machine describes this machine for a benchmark's header: cores, memory
@@ -125,4 +131,39 @@ func FreshFS(work, typ string, size int64) (dir string, done func(), err error) 
 			fmt.Fprintf(os.Stderr, "umount %s: %v: %s\n", dir, err, out)
 		}
 	}, nil
+}
+
+// PeakRSS is the peak resident memory of process pid since it started or
+// since ResetPeakRSS (VmHWM), in bytes.
+func PeakRSS(pid int) (int64, error) {
+	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/status", pid))
+	if err != nil {
+		return 0, err
+	}
+	for _, line := range strings.Split(string(b), "\n") {
+		if rest, ok := strings.CutPrefix(line, "VmHWM:"); ok {
+			var kb int64
+			if _, err := fmt.Sscanf(strings.TrimSpace(rest), "%d kB", &kb); err != nil {
+				return 0, fmt.Errorf("VmHWM of %d: %q", pid, rest)
+			}
+			return kb << 10, nil
+		}
+	}
+	return 0, fmt.Errorf("no VmHWM for process %d", pid)
+}
+
+// ResetPeakRSS starts pid's peak resident memory again from what it uses
+// now.
+func ResetPeakRSS(pid int) error {
+	return os.WriteFile(fmt.Sprintf("/proc/%d/clear_refs", pid), []byte("5"), 0)
+}
+
+// ToolVersion is the first line that `name args...` prints, or "unknown".
+func ToolVersion(name string, args ...string) string {
+	out, _ := exec.Command(name, args...).CombinedOutput()
+	line, _, _ := strings.Cut(strings.TrimSpace(string(out)), "\n")
+	if line == "" {
+		return "unknown"
+	}
+	return line
 }

@@ -23,6 +23,10 @@ type LogDir struct {
 	Unflushed int
 	// Age is how long ago the rolled segments were last written.
 	Age time.Duration
+	// Repeat makes every partition a copy of the first one's files
+	// (encoded once, copied after): quick for benchmarks of many
+	// partitions.
+	Repeat bool
 }
 
 // Write creates the log dir under root and returns each partition's
@@ -30,11 +34,23 @@ type LogDir struct {
 func (d LogDir) Write(root string) (map[string][]int64, error) {
 	out := map[string][]int64{}
 	var recovery, hw []string
+	var firstHW int64 // the first partition's high watermark
 	for p := range d.Partitions {
 		name := fmt.Sprintf("%s-%d", d.Topic, p)
 		dir := filepath.Join(root, name)
 		if err := os.MkdirAll(dir, 0o755); err != nil {
 			return nil, err
+		}
+		if d.Repeat && p > 0 {
+			first := fmt.Sprintf("%s-%d", d.Topic, 0)
+			if err := copyDir(filepath.Join(root, first), dir); err != nil {
+				return nil, err
+			}
+			bases := out[first]
+			out[name] = bases
+			recovery = append(recovery, fmt.Sprintf("%s %d %d", d.Topic, p, bases[max(0, len(bases)-1-d.Unflushed)]))
+			hw = append(hw, fmt.Sprintf("%s %d %d", d.Topic, p, firstHW))
+			continue
 		}
 		var off int64
 		ts := time.Now().Add(-d.Age).UnixMilli()
@@ -82,6 +98,7 @@ func (d LogDir) Write(root string) (map[string][]int64, error) {
 		flushed := bases[max(0, len(bases)-1-d.Unflushed)]
 		recovery = append(recovery, fmt.Sprintf("%s %d %d", d.Topic, p, flushed))
 		hw = append(hw, fmt.Sprintf("%s %d %d", d.Topic, p, off))
+		firstHW = off
 	}
 	for name, lines := range map[string][]string{"recovery-point-offset-checkpoint": recovery, "replication-offset-checkpoint": hw, "log-start-offset-checkpoint": nil} {
 		body := fmt.Sprintf("0\n%d\n", len(lines))
@@ -96,4 +113,31 @@ func (d LogDir) Write(root string) (map[string][]int64, error) {
 		}
 	}
 	return out, os.WriteFile(filepath.Join(root, "meta.properties"), []byte("version=1\nnode.id=1\n"), 0o644)
+}
+
+// copyDir copies the files of dir src into dst, with their
+// modification times.
+func copyDir(src, dst string) error {
+	ents, err := os.ReadDir(src)
+	if err != nil {
+		return err
+	}
+	for _, e := range ents {
+		b, err := os.ReadFile(filepath.Join(src, e.Name()))
+		if err != nil {
+			return err
+		}
+		fi, err := e.Info()
+		if err != nil {
+			return err
+		}
+		to := filepath.Join(dst, e.Name())
+		if err := os.WriteFile(to, b, fi.Mode().Perm()); err != nil {
+			return err
+		}
+		if err := os.Chtimes(to, fi.ModTime(), fi.ModTime()); err != nil {
+			return err
+		}
+	}
+	return nil
 }

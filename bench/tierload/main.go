@@ -1,0 +1,413 @@
+// Command tierload measures evicted segments read at once through a
+// tierfs mount against versitygw on loopback, side by side with rclone
+// and s3fs mounts of the same objects: 1, 8, 40 and 200 readers of
+// distinct segments, and 8 readers of one segment, each configuration in
+// each run. It reports, for each: aggregate MB/s, the ratio to one reader
+// of the same mount in the same run, the mount's peak resident memory,
+// the p50 and p99 of a read's wait (one read(2) of 1 MiB), and, for
+// tierfs, GETs per chunk (from its metrics).
+//
+// The tierfs mount is started afresh for each measurement, so that its
+// chunk memory starts empty and its peak memory is the measurement's;
+// the page cache is dropped before each.
+//
+//	go run ./bench/tierload -tierfs bin/tierfs -segments 200 -size 32MiB -runs 3
+package main
+
+import (
+	"bufio"
+	"context"
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"math"
+	"net/http"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"sort"
+	"strconv"
+	"strings"
+	"sync"
+	"syscall"
+	"time"
+
+	"github.com/tierfs/tierfs/bench/internal/benchutil"
+	"github.com/tierfs/tierfs/chunkxfer/store/s3test"
+	"github.com/tierfs/tierfs/idx/kafka/kafkatest"
+)
+
+const chunk = 8 << 20
+
+// config is a load: readers reading segments at once.
+type config struct {
+	name    string
+	readers int
+	same    bool // every reader reads segment 0
+}
+
+// result is one measurement of one mount under one load.
+type result struct {
+	mbps       float64
+	peakRSS    int64
+	p50, p99   float64 // ms
+	getsPerChk float64 // NaN when not known
+	err        error
+}
+
+func main() {
+	bin := flag.String("tierfs", "bin/tierfs", "tierfs binary")
+	nseg := flag.Int("segments", 200, "evicted segments (one per partition); the most readers")
+	sizeFlag := flag.String("size", "32MiB", "size of each segment")
+	runs := flag.Int("runs", 3, "runs of each measurement")
+	budget := flag.String("cache-bytes", "256MiB", "tierfs's chunk memory (--cache-bytes)")
+	levels := flag.String("readers", "1,8,40,200", "numbers of readers of distinct segments")
+	peers := flag.Bool("peers", true, "measure s3fs and rclone too")
+	flag.Parse()
+	size, err := benchutil.ParseSize(*sizeFlag)
+	check(err)
+	budgetBytes, err := benchutil.ParseSize(*budget)
+	check(err)
+	tierfsBin, err := filepath.Abs(*bin)
+	check(err)
+	var configs []config
+	for _, l := range strings.Split(*levels, ",") {
+		n, err := strconv.Atoi(l)
+		check(err)
+		if n > *nseg {
+			check(fmt.Errorf("%d readers of distinct segments, %d segments", n, *nseg))
+		}
+		configs = append(configs, config{name: fmt.Sprintf("%d readers, distinct segments", n), readers: n})
+	}
+	configs = append(configs, config{name: "8 readers, one segment", readers: 8, same: true})
+
+	dir, err := os.MkdirTemp("", "bench-tierload-")
+	check(err)
+	defer os.RemoveAll(dir)
+	srv, err := s3test.Start(filepath.Join(dir, "s3"))
+	check(err)
+	defer srv.Stop()
+	_, err = srv.NewStore(context.Background(), "bench", "")
+	check(err)
+
+	backing, mnt := filepath.Join(dir, "backing"), filepath.Join(dir, "mnt")
+	check(os.MkdirAll(mnt, 0o755))
+	fmt.Fprintf(os.Stderr, "writing %d segments of %s\n", *nseg, *sizeFlag)
+	bases, err := kafkatest.LogDir{Topic: "load", Partitions: *nseg, Segments: 2, Batches: int(size / 8400), Records: 16, ValueSize: 1024, Age: time.Hour, Repeat: true}.Write(backing)
+	check(err)
+	segs := make([]string, *nseg)
+	var segSize int64
+	for p := range *nseg {
+		rel := filepath.Join(fmt.Sprintf("load-%d", p), fmt.Sprintf("%020d.log", bases[fmt.Sprintf("load-%d", p)][0]))
+		segs[p] = rel
+		fi, err := os.Stat(filepath.Join(backing, rel))
+		check(err)
+		segSize = fi.Size()
+	}
+	chunks := (segSize + chunk - 1) / chunk
+
+	env := []string{"TIERFS_S3_ACCESS_KEY=" + srv.AccessKey, "TIERFS_S3_SECRET_KEY=" + srv.SecretKey}
+	remote := "s3://bench/kafka?endpoint=" + srv.Endpoint
+	metricsAddr, err := benchutil.FreeAddr()
+	check(err)
+	mount := func() (func(), int) {
+		unmount, pid, err := benchutil.MountProc(tierfsBin, filepath.Join(dir, "tierfs.log"), env, "--backing", backing, "--remote", remote,
+			"--ship-after", "1m", "--local-retention-bytes", "1", "--tier-interval", "500ms", "--ship-concurrency", "4",
+			"--cache-bytes", *budget, "--metrics-listen", metricsAddr, mnt)
+		check(err)
+		return unmount, pid
+	}
+	unmount, _ := mount()
+	fmt.Fprintln(os.Stderr, "waiting for every segment to ship and be evicted")
+	check(benchutil.WaitFor(func() bool {
+		for _, s := range segs {
+			if benchutil.Xattr(filepath.Join(mnt, s), "user.tierfs.state") != "remote" {
+				return false
+			}
+		}
+		return true
+	}, 30*time.Minute, "eviction"))
+	keys := make([]string, len(segs))
+	for i, s := range segs {
+		keys[i] = "kafka/" + benchutil.Xattr(filepath.Join(mnt, s), "user.tierfs.rdi")
+	}
+	unmount()
+
+	type peer struct {
+		name string
+		pid  int
+		path func(i int) string
+	}
+	var ps []peer
+	if *peers {
+		for name, m := range mountPeers(dir, srv) {
+			ps = append(ps, peer{name: name, pid: m.pid, path: func(i int) string { return filepath.Join(m.root, keys[i]) }})
+		}
+		sort.Slice(ps, func(i, j int) bool { return ps[i].name > ps[j].name })
+		defer unmountPeers(dir)
+	}
+
+	const tierfsName = "tierfs"
+	res := map[string]map[string][]result{} // mount -> config -> runs
+	add := func(mount string, c config, r result) {
+		if res[mount] == nil {
+			res[mount] = map[string][]result{}
+		}
+		res[mount][c.name] = append(res[mount][c.name], r)
+		status := "ok"
+		if r.err != nil {
+			status = r.err.Error()
+		}
+		fmt.Fprintf(os.Stderr, "  %-8s %-32s %7.0f MB/s  peak RSS %5d MiB  p99 %6.1f ms  %s\n", mount, c.name, r.mbps, r.peakRSS>>20, r.p99, status)
+	}
+	for run := range *runs {
+		fmt.Fprintf(os.Stderr, "run %d/%d\n", run+1, *runs)
+		for _, c := range configs {
+			// tierfs, started afresh: empty chunk memory, its own peak.
+			unmount, pid := mount()
+			before, err := fetchRequests(metricsAddr)
+			check(err)
+			benchutil.DropCaches()
+			r := load(c, func(i int) string { return filepath.Join(mnt, segs[i]) }, segSize)
+			r.peakRSS, _ = benchutil.PeakRSS(pid)
+			after, err := fetchRequests(metricsAddr)
+			check(err)
+			read := chunks * int64(c.readers)
+			if c.same {
+				read = chunks
+			}
+			r.getsPerChk = (after - before) / float64(read)
+			if os.Getenv("BENCH_TIERLOAD_METRICS") != "" {
+				for _, m := range []string{"tierfs_chunk_memory_waits_total", "tierfs_chunk_memory_wait_seconds_total", "tierfs_chunk_memory_claims_revoked_total", "tierfs_read_ahead_skipped_total", "tierfs_read_ahead_wasted_total", "tierfs_cache_hits_total"} {
+					v, _ := metric(metricsAddr, m)
+					fmt.Fprintf(os.Stderr, "    %s %v\n", m, v)
+				}
+			}
+			unmount()
+			add(tierfsName, c, r)
+			for _, p := range ps {
+				check(benchutil.ResetPeakRSS(p.pid))
+				benchutil.DropCaches()
+				r := load(c, p.path, segSize)
+				r.peakRSS, _ = benchutil.PeakRSS(p.pid)
+				r.getsPerChk = math.NaN()
+				add(p.name, c, r)
+			}
+		}
+	}
+
+	rep := benchutil.Report{
+		Name:  "tierload",
+		Title: "Evicted segments read at once",
+		Notes: []string{fmt.Sprintf("versitygw v1.8.0 on 127.0.0.1; %d evicted segments of %.1f MB (%d chunks of 8 MiB), read whole with 1 MiB read(2)s, the page cache dropped before each measurement; tierfs with --cache-bytes %s, mounted afresh for each measurement; rclone (--vfs-cache-mode off) and s3fs mounts of the same objects; medians of %d runs; \"× 1 reader\" is the median of the per-run ratios to one reader of the same mount; a read's wait is one read(2); GETs per chunk from tierfs's tierfs_remote_fetch_requests_total; %s.",
+			*nseg, float64(segSize)/1e6, chunks, *budget, *runs, benchutil.Machine())},
+		Header:   []string{"mount", "load", "MB/s", "× 1 reader", "peak RSS MiB", "read wait p50 ms", "p99 ms", "GETs per chunk"},
+		Versions: map[string]string{"versitygw": "v1.8.0", "rclone": benchutil.ToolVersion("rclone", "version"), "s3fs": benchutil.ToolVersion("s3fs", "--version")},
+	}
+	mounts := []string{tierfsName}
+	for _, p := range ps {
+		mounts = append(mounts, p.name)
+	}
+	one := configs[0]
+	var worstRSS int64
+	for _, m := range mounts {
+		for _, c := range configs {
+			rs := res[m][c.name]
+			var mbps, ones, rss, p50, p99, gets []float64
+			failed := 0
+			for i, r := range rs {
+				if r.err != nil {
+					failed++
+					continue
+				}
+				mbps = append(mbps, r.mbps)
+				if o := res[m][one.name][i]; o.err == nil && o.mbps > 0 {
+					ones = append(ones, r.mbps/o.mbps)
+				}
+				rss = append(rss, float64(r.peakRSS>>20))
+				p50, p99 = append(p50, r.p50), append(p99, r.p99)
+				gets = append(gets, r.getsPerChk)
+				if m == tierfsName {
+					worstRSS = max(worstRSS, r.peakRSS)
+				}
+			}
+			row := []string{m, c.name}
+			if len(mbps) == 0 {
+				row = append(row, "failed", "", "", "", "", "")
+			} else {
+				g := "n/a"
+				if !math.IsNaN(gets[0]) {
+					g = fmt.Sprintf("%.2f", benchutil.Median(gets))
+				}
+				row = append(row, fmt.Sprintf("%.0f", benchutil.Median(mbps)), fmt.Sprintf("%.2f", benchutil.Median(ones)),
+					fmt.Sprintf("%.0f", benchutil.Median(rss)), fmt.Sprintf("%.1f", benchutil.Median(p50)), fmt.Sprintf("%.1f", benchutil.Median(p99)), g)
+			}
+			if failed > 0 {
+				row[2] += fmt.Sprintf(" (%d of %d runs failed: %v)", failed, len(rs), firstErr(rs))
+			}
+			rep.Rows = append(rep.Rows, row)
+		}
+	}
+	rep.After = []string{fmt.Sprintf("tierfs's highest peak RSS in any measurement: %d MiB, with --cache-bytes %d MiB (target: at most the budget plus 64 MiB, %d MiB).",
+		worstRSS>>20, budgetBytes>>20, (budgetBytes>>20)+64)}
+	check(rep.Emit())
+}
+
+func firstErr(rs []result) error {
+	for _, r := range rs {
+		if r.err != nil {
+			return r.err
+		}
+	}
+	return nil
+}
+
+// load runs c's readers at once, each reading its whole segment, and
+// times every read(2).
+func load(c config, path func(i int) string, size int64) result {
+	var (
+		mu    sync.Mutex
+		waits []float64
+		total int64
+		first error
+		wg    sync.WaitGroup
+	)
+	t0 := time.Now()
+	for r := range c.readers {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			i := r
+			if c.same {
+				i = 0
+			}
+			n, ws, err := readAll(path(i))
+			mu.Lock()
+			defer mu.Unlock()
+			total += n
+			waits = append(waits, ws...)
+			if err == nil && n != size {
+				err = fmt.Errorf("%s: %d bytes, want %d", path(i), n, size)
+			}
+			if err != nil && first == nil {
+				first = err
+			}
+		}()
+	}
+	wg.Wait()
+	el := time.Since(t0)
+	sort.Float64s(waits)
+	r := result{mbps: float64(total) / 1e6 / el.Seconds(), err: first}
+	if len(waits) > 0 {
+		r.p50 = waits[len(waits)/2]
+		r.p99 = waits[min(len(waits)-1, len(waits)*99/100)]
+	}
+	return r
+}
+
+func readAll(path string) (int64, []float64, error) {
+	f, err := os.Open(path)
+	if err != nil {
+		return 0, nil, err
+	}
+	defer f.Close()
+	buf := make([]byte, 1<<20)
+	var n int64
+	var waits []float64
+	for {
+		t := time.Now()
+		k, err := f.Read(buf)
+		waits = append(waits, float64(time.Since(t).Microseconds())/1000)
+		n += int64(k)
+		if errors.Is(err, io.EOF) {
+			return n, waits, nil
+		}
+		if err != nil {
+			return n, waits, err
+		}
+	}
+}
+
+// fetchRequests reads tierfs_remote_fetch_requests_total from the mount.
+func fetchRequests(addr string) (float64, error) {
+	return metric(addr, "tierfs_remote_fetch_requests_total")
+}
+
+// metric reads an unlabelled metric from the mount.
+func metric(addr, name string) (float64, error) {
+	resp, err := http.Get("http://" + addr + "/metrics")
+	if err != nil {
+		return 0, err
+	}
+	defer resp.Body.Close()
+	sc := bufio.NewScanner(resp.Body)
+	for sc.Scan() {
+		if v, ok := strings.CutPrefix(sc.Text(), name+" "); ok {
+			return strconv.ParseFloat(v, 64)
+		}
+	}
+	return 0, fmt.Errorf("no %s in the metrics", name)
+}
+
+type peerMount struct {
+	root string
+	pid  int
+}
+
+// mountPeers mounts the bucket with s3fs and rclone, each in the
+// foreground of a process of its own, and returns those that came up.
+func mountPeers(dir string, srv *s3test.Server) map[string]peerMount {
+	out := map[string]peerMount{}
+	passwd := filepath.Join(dir, "passwd-s3fs")
+	check(os.WriteFile(passwd, []byte(srv.AccessKey+":"+srv.SecretKey), 0o600))
+	start := func(name, mnt string, cmd *exec.Cmd) {
+		check(os.MkdirAll(mnt, 0o755))
+		logf, _ := os.Create(filepath.Join(dir, filepath.Base(mnt)+".log"))
+		cmd.Stdout, cmd.Stderr = logf, logf
+		cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGTERM}
+		if err := cmd.Start(); err != nil {
+			fmt.Fprintln(os.Stderr, name+":", err)
+			return
+		}
+		go cmd.Wait()
+		if !benchutil.TryWait(func() bool { return benchutil.IsMount(mnt) }, 20*time.Second) {
+			b, _ := os.ReadFile(logf.Name())
+			fmt.Fprintf(os.Stderr, "%s did not mount:\n%s\n", name, b)
+			cmd.Process.Kill()
+			return
+		}
+		out[name] = peerMount{root: mnt, pid: cmd.Process.Pid}
+	}
+	s3fsMnt := filepath.Join(dir, "s3fs")
+	start("s3fs", s3fsMnt, exec.Command("s3fs", "bench", s3fsMnt, "-f", "-o", "url="+srv.Endpoint, "-o", "use_path_request_style", "-o", "passwd_file="+passwd))
+	rcloneMnt := filepath.Join(dir, "rclone")
+	rc := exec.Command("rclone", "mount", "vgw:bench", rcloneMnt, "--read-only", "--vfs-cache-mode", "off")
+	// rclone 1.60 cannot load AWS_CA_BUNDLE with its own transport, and
+	// the endpoint is plain HTTP anyway.
+	for _, e := range os.Environ() {
+		if !strings.HasPrefix(e, "AWS_CA_BUNDLE=") {
+			rc.Env = append(rc.Env, e)
+		}
+	}
+	rc.Env = append(rc.Env, "RCLONE_CONFIG_VGW_TYPE=s3", "RCLONE_CONFIG_VGW_PROVIDER=Other",
+		"RCLONE_CONFIG_VGW_ACCESS_KEY_ID="+srv.AccessKey, "RCLONE_CONFIG_VGW_SECRET_ACCESS_KEY="+srv.SecretKey,
+		"RCLONE_CONFIG_VGW_ENDPOINT="+srv.Endpoint, "RCLONE_CONFIG_VGW_FORCE_PATH_STYLE=true")
+	start("rclone", rcloneMnt, rc)
+	return out
+}
+
+func unmountPeers(dir string) {
+	for _, m := range []string{"s3fs", "rclone"} {
+		if p := filepath.Join(dir, m); benchutil.IsMount(p) {
+			exec.Command("umount", p).Run()
+		}
+	}
+}
+
+func check(err error) {
+	if err != nil {
+		fmt.Fprintln(os.Stderr, "bench-tierload:", err)
+		os.Exit(1)
+	}
+}
