@@ -39,15 +39,19 @@ bench:
 bench-xfer:
 	$(GO) run ./bench/xfer -size $(or $(SIZE),1GiB) -runs 3
 
-# Reads of an evicted segment through the mount vs raw GETs, s3fs and rclone; first byte; ls -l of 10,000 segments.
+# Reads of an evicted segment through the mount vs raw GETs, s3fs and rclone; first byte; ls -l of 10,000 segments;
+# then 1, 8, 40 and 200 readers of distinct evicted segments and 8 of one, beside rclone and s3fs (peak RSS, waits, GETs per chunk).
 bench-tier: build
 	$(GO) run ./bench/tier -tierfs $(BIN) -size $(or $(SIZE),1GiB) -runs 3
+	$(GO) run ./bench/tierload -tierfs $(BIN) -segments 200 -size 32MiB -runs 3
 
 # A real Kafka broker: produce on a plain dir vs tierfs vs tierfs tiering; consume from 0, local vs evicted;
-# then its start-up with 10,000 segments (200 partitions), plain vs tierfs vs tierfs with every rolled segment evicted.
+# then its start-up with 10,000 segments (200 partitions), plain vs tierfs vs tierfs with every rolled segment evicted;
+# then a consumer catching up from 0 on 40 evicted partitions: tierfs's peak RSS against its --cache-bytes.
 bench-kafka: build
 	$(GO) run ./bench/kafka -tierfs $(BIN) -records $(or $(RECORDS),400000) -runs $(or $(RUNS),5)
 	$(GO) run ./bench/kafkastart -tierfs $(BIN) -partitions $(or $(PARTITIONS),200) -segments $(or $(SEGMENTS),50) -runs $(or $(RUNS),5)
+	$(GO) run ./bench/kafkacatchup -tierfs $(BIN) -partitions 40 -mib 40 -budgets 64MiB,256MiB -runs 3
 
 # Change management's cost: files and Kafka-roll patterns, with and without --cm.
 bench-cm: build

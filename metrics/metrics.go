@@ -67,7 +67,7 @@ func Registry(t Tiering, pool *chunkxfer.Pool, log *slog.Logger) *prometheus.Reg
 		counter(reg, "tierfs_cache_hits_total", "Chunk reads served from the chunk memory (a chunk fetched ahead, kept, or being fetched for another reader).", s.Hits.Load)
 		counter(reg, "tierfs_read_ahead_skipped_total", "Read-ahead chunks not fetched because the chunk memory had no room to spare for them.", s.AheadSkipped.Load)
 		counter(reg, "tierfs_read_ahead_wasted_total", "Read-ahead chunks evicted before any read used them.", s.AheadWasted.Load)
-		counter(reg, "tierfs_chunk_memory_claims_revoked_total", "Chunks a sequential reader was in the middle of, taken back after it was idle for a second because a read needed the room.", s.Revoked.Load)
+		counter(reg, "tierfs_chunk_memory_claims_revoked_total", "Chunks a sequential reader was in the middle of, taken back after it was idle for 250 ms because a read needed the room.", s.Revoked.Load)
 		counter(reg, "tierfs_chunk_memory_waits_total", "Reads that waited for chunk memory (all of it held by other reads).", s.Waits.Load)
 		reg.MustRegister(prometheus.NewCounterFunc(prometheus.CounterOpts{Name: "tierfs_chunk_memory_wait_seconds_total", Help: "Time reads waited for chunk memory, in all."},
 			func() float64 { return float64(s.WaitNanos.Load()) / 1e9 }))

@@ -46,7 +46,7 @@ func cmdMount() *cli.Command {
 			&cli.IntFlag{Name: "ship-concurrency", Value: 2, Usage: "segments shipped at once", EnvVars: []string{"TIERFS_SHIP_CONCURRENCY"}},
 			&cli.DurationFlag{Name: "tier-interval", Value: 30 * time.Second, Usage: "how often the tierer looks for work", EnvVars: []string{"TIERFS_TIER_INTERVAL"}},
 			&cli.IntFlag{Name: "remote-read-ahead", Value: 4, Usage: "chunks of an evicted segment fetched ahead of a sequential reader (0: none)", EnvVars: []string{"TIERFS_REMOTE_READ_AHEAD"}},
-			&cli.StringFlag{Name: "cache-bytes", Value: "256MiB", Usage: "the memory budget for every chunk of remote files: being fetched, read, fetched ahead or cached (a size: 512MiB, 2GiB, or bytes; at least one 8 MiB chunk). The Go runtime's memory limit is set to this plus 48 MiB unless GOMEMLIMIT is set", EnvVars: []string{"TIERFS_CACHE_BYTES"}},
+			&cli.StringFlag{Name: "cache-bytes", Value: "256MiB", Usage: "the memory budget for every chunk of remote files: being fetched, read, fetched ahead or cached (a size: 512MiB, 2GiB, or bytes; at least one 8 MiB chunk). The Go runtime's memory limit is set to this plus 32 MiB unless GOMEMLIMIT is set", EnvVars: []string{"TIERFS_CACHE_BYTES"}},
 			&cli.StringFlag{Name: "role", Value: "leader", Usage: "leader: ship and evict this broker's segments; follower: ship nothing, free segments whose batches the leader shipped (brokers sharing --remote); reader: a read-only log dir of every segment in the store (--remote), for analytics hosts", EnvVars: []string{"TIERFS_ROLE"}},
 			&cli.DurationFlag{Name: "follow-interval", Value: 10 * time.Second, Usage: "follower and reader: how often the store is looked at for new and deleted segments", EnvVars: []string{"TIERFS_FOLLOW_INTERVAL"}},
 			&cli.StringFlag{Name: "broker-id", Usage: "this broker's name among the brokers sharing --remote (default: node.id from the log dir's meta.properties)", EnvVars: []string{"TIERFS_BROKER_ID"}},
@@ -342,7 +342,7 @@ func sizeFlags(c *cli.Context, names ...string) (map[string]int64, error) {
 
 // goMemoryOverhead is what the mount needs beside its chunk memory: the
 // Go runtime's memory limit is the budget plus this.
-const goMemoryOverhead = 48 << 20
+const goMemoryOverhead = 32 << 20
 
 // chunkPool makes the chunk memory of --cache-bytes, refusing a budget
 // no read could be served from, and sets the Go runtime's memory limit

@@ -1,0 +1,242 @@
+// Command kafkacatchup measures a consumer catching up from offset 0 on
+// a topic of many partitions whose rolled segments are all evicted: a
+// real Kafka broker on a tierfs mount with a dir store, one mount per
+// chunk memory budget (--cache-bytes), all running at once and measured
+// in turn. For each budget: consume MB/s, the mount's peak resident
+// memory during the consume, and chunk GETs per chunk of data read.
+//
+//	go run ./bench/kafkacatchup -tierfs bin/tierfs -partitions 40 -mib 40 -budgets 64MiB,256MiB -runs 3
+package main
+
+import (
+	"bufio"
+	"context"
+	"flag"
+	"fmt"
+	"net/http"
+	"os"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/twmb/franz-go/pkg/kadm"
+	"github.com/twmb/franz-go/pkg/kgo"
+
+	"github.com/tierfs/tierfs/bench/internal/benchutil"
+	"github.com/tierfs/tierfs/e2e/kafka"
+)
+
+const topic = "catchup"
+
+type setup struct {
+	budget   string
+	budgetB  int64
+	logDir   string
+	pid      int
+	metrics  string
+	br       *kafka.Broker
+	mbps     []float64
+	rss      []float64
+	getsPerC []float64
+}
+
+func main() {
+	bin := flag.String("tierfs", "bin/tierfs", "tierfs binary")
+	partitions := flag.Int("partitions", 40, "partitions of the topic")
+	mib := flag.Int("mib", 40, "MiB produced to each partition")
+	budgets := flag.String("budgets", "64MiB,256MiB", "--cache-bytes of each mount, comma-separated")
+	segmentBytes := flag.String("segment-bytes", "8MiB", "log.segment.bytes")
+	runs := flag.Int("runs", 3, "consumes from offset 0 per mount")
+	flag.Parse()
+	u := benchutil.NewUndo("bench-kafkacatchup")
+	defer u.Run()
+	if lib := kafka.Available(); lib != "" {
+		u.Fail(fmt.Errorf("no Kafka: %s", lib))
+	}
+	tierfsBin, err := filepath.Abs(*bin)
+	u.Check(err)
+	segBytes, err := benchutil.ParseSize(*segmentBytes)
+	u.Check(err)
+	dir, where := benchutil.WorkDir(u, "", "", 0)
+	props := map[string]string{"log.segment.bytes": fmt.Sprint(segBytes)}
+	records := *partitions * *mib << 20 / 1024
+
+	var setups []*setup
+	for i, b := range strings.Split(*budgets, ",") {
+		bb, err := benchutil.ParseSize(b)
+		u.Check(err)
+		su := &setup{budget: b, budgetB: bb, logDir: filepath.Join(dir, fmt.Sprint(i), "logs")}
+		backing := filepath.Join(dir, fmt.Sprint(i), "backing")
+		u.Check(os.MkdirAll(su.logDir, 0o755))
+		u.Check(os.MkdirAll(backing, 0o755))
+		su.metrics, err = benchutil.FreeAddr()
+		u.Check(err)
+		stop, pid, err := benchutil.MountProc(tierfsBin, filepath.Join(dir, fmt.Sprint(i), "tierfs.log"), nil,
+			"--backing", backing, "--remote", "file://"+filepath.Join(dir, fmt.Sprint(i), "remote"), "--ship-after", "1s",
+			"--local-retention-bytes", "1", "--tier-interval", "500ms", "--cache-bytes", b, "--metrics-listen", su.metrics, su.logDir)
+		u.Check(err)
+		u.Push(stop)
+		su.pid = pid
+		work := filepath.Join(dir, fmt.Sprint(i), "broker")
+		su.br, err = kafka.Start(kafka.Options{LogDir: su.logDir, MetadataDir: filepath.Join(work, "metadata"), WorkDir: work, Props: props})
+		u.Check(err)
+		br := su.br
+		u.Push(func() { br.Stop() })
+		setups = append(setups, su)
+
+		fmt.Fprintf(os.Stderr, "%s: producing %d MiB to each of %d partitions\n", b, *mib, *partitions)
+		u.Check(produce(br, *partitions, records))
+	}
+	for _, su := range setups {
+		fmt.Fprintf(os.Stderr, "%s: waiting for the rolled segments to be evicted\n", su.budget)
+		for p := range *partitions {
+			u.Check(benchutil.WaitFor(func() bool { return allEvicted(filepath.Join(su.logDir, fmt.Sprintf("%s-%d", topic, p))) }, 20*time.Minute, "eviction"))
+		}
+	}
+	for r := range *runs {
+		for k := range setups {
+			su := setups[(k+r)%len(setups)]
+			before, err := metric(su.metrics, "tierfs_remote_fetch_requests_total")
+			u.Check(err)
+			bytesBefore, err := metric(su.metrics, "tierfs_remote_fetch_bytes_total")
+			u.Check(err)
+			benchutil.DropCaches()
+			u.Check(benchutil.ResetPeakRSS(su.pid))
+			var n int64
+			d := benchutil.Time(func() { n, err = consume(su.br, records) })
+			u.Check(err)
+			rss, err := benchutil.PeakRSS(su.pid)
+			u.Check(err)
+			after, err := metric(su.metrics, "tierfs_remote_fetch_requests_total")
+			u.Check(err)
+			bytesAfter, err := metric(su.metrics, "tierfs_remote_fetch_bytes_total")
+			u.Check(err)
+			su.mbps = append(su.mbps, float64(n)/1e6/d.Seconds())
+			su.rss = append(su.rss, float64(rss>>20))
+			// GETs per 8 MiB fetched: 1.0 when every GET was a whole
+			// chunk (more when segments end in short chunks). Chunks
+			// fetched twice show in the MB fetched, printed beside.
+			su.getsPerC = append(su.getsPerC, (after-before)/((bytesAfter-bytesBefore)/(8<<20)))
+			fmt.Fprintf(os.Stderr, "run %d, --cache-bytes %s: consume %.0f MB/s, peak RSS %d MiB, %.0f GETs, %.0f MB fetched\n",
+				r+1, su.budget, su.mbps[r], rss>>20, after-before, (bytesAfter-bytesBefore)/1e6)
+		}
+	}
+	for _, su := range setups {
+		if p := su.br.Problems(); len(p) > 0 {
+			u.Fail(fmt.Errorf("--cache-bytes %s: the broker logged:\n%s", su.budget, strings.Join(p, "\n")))
+		}
+	}
+	rep := benchutil.Report{
+		Name:  "kafkacatchup",
+		Title: "Kafka consumer catching up from offset 0, every rolled segment evicted",
+		Notes: []string{fmt.Sprintf("Kafka %s broker (KRaft, one node) on a tierfs mount with a dir store in %s, one broker and mount per --cache-bytes, measured in turn; a topic of %d partitions, %d MiB of 1 KB records each, log.segment.bytes %s; one consumer (franz-go, a group of its own) reads every partition from offset 0 with the page cache dropped, so every rolled segment comes from the store; peak RSS is the mount's VmHWM during the consume; medians of %d runs; %s.",
+			kafka.Version(), where, *partitions, *mib, *segmentBytes, *runs, benchutil.Machine())},
+		Header:   []string{"--cache-bytes", "consume MB/s", "peak RSS of tierfs, MiB", "× (budget + 64 MiB)", "GETs per 8 MiB fetched"},
+		Versions: map[string]string{"Kafka": kafka.Version()},
+	}
+	for _, su := range setups {
+		rss := benchutil.Median(su.rss)
+		rep.Rows = append(rep.Rows, []string{su.budget, fmt.Sprintf("%.0f", benchutil.Median(su.mbps)), fmt.Sprintf("%.0f", rss),
+			fmt.Sprintf("%.2f", rss/float64((su.budgetB>>20)+64)), fmt.Sprintf("%.2f", benchutil.Median(su.getsPerC))})
+	}
+	u.Run()
+	if err := rep.Emit(); err != nil {
+		fmt.Fprintln(os.Stderr, err)
+		os.Exit(1)
+	}
+}
+
+// produce writes records of 1 KB round-robin to the topic's partitions.
+func produce(br *kafka.Broker, partitions, records int) error {
+	c, err := kgo.NewClient(kgo.SeedBrokers(br.Addr), kgo.ProducerLinger(5*time.Millisecond), kgo.RecordPartitioner(kgo.ManualPartitioner()))
+	if err != nil {
+		return err
+	}
+	defer c.Close()
+	res, err := kadm.NewClient(c).CreateTopic(context.Background(), int32(partitions), 1, map[string]*string{"retention.ms": kadm.StringPtr("-1")}, topic)
+	if err == nil {
+		err = res.Err
+	}
+	if err != nil {
+		return err
+	}
+	value := make([]byte, 1024)
+	for i := range value {
+		value[i] = byte(i*7 + i/13)
+	}
+	ctx := context.Background()
+	var first error
+	for i := range records {
+		c.Produce(ctx, &kgo.Record{Topic: topic, Partition: int32(i % partitions), Value: value}, func(_ *kgo.Record, err error) {
+			if err != nil && first == nil {
+				first = err
+			}
+		})
+	}
+	if err := c.Flush(ctx); err != nil {
+		return err
+	}
+	return first
+}
+
+// consume reads every partition from offset 0 until it has n records,
+// and returns the bytes of their values.
+func consume(br *kafka.Broker, n int) (int64, error) {
+	c, err := kgo.NewClient(kgo.SeedBrokers(br.Addr), kgo.ConsumerGroup(fmt.Sprintf("catchup-%d", time.Now().UnixNano())),
+		kgo.ConsumeTopics(topic), kgo.ConsumeResetOffset(kgo.NewOffset().AtStart()), kgo.FetchMaxBytes(50<<20))
+	if err != nil {
+		return 0, err
+	}
+	defer c.Close()
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Minute)
+	defer cancel()
+	var got int
+	var bytes int64
+	for got < n {
+		fs := c.PollFetches(ctx)
+		if err := ctx.Err(); err != nil {
+			return bytes, fmt.Errorf("consumed %d of %d records: %w", got, n, err)
+		}
+		for _, e := range fs.Errors() {
+			return bytes, fmt.Errorf("fetch %s/%d: %w", e.Topic, e.Partition, e.Err)
+		}
+		fs.EachRecord(func(r *kgo.Record) {
+			got++
+			bytes += int64(len(r.Value))
+		})
+	}
+	return bytes, nil
+}
+
+// allEvicted says whether every segment of a partition dir but the last
+// two (the active one, and the newest rolled one that may not be flushed
+// yet) is remote.
+func allEvicted(dir string) bool {
+	logs, _ := filepath.Glob(filepath.Join(dir, "*.log"))
+	if len(logs) < 3 {
+		return false
+	}
+	for _, l := range logs[:len(logs)-2] {
+		if benchutil.Xattr(l, "user.tierfs.state") != "remote" {
+			return false
+		}
+	}
+	return true
+}
+
+// metric reads an unlabelled metric from a mount.
+func metric(addr, name string) (float64, error) {
+	resp, err := http.Get("http://" + addr + "/metrics")
+	if err != nil {
+		return 0, err
+	}
+	defer resp.Body.Close()
+	sc := bufio.NewScanner(resp.Body)
+	for sc.Scan() {
+		if v, ok := strings.CutPrefix(sc.Text(), name+" "); ok {
+			return strconv.ParseFloat(v, 64)
+		}
+	}
+	return 0, fmt.Errorf("no %s in the metrics", name)
+}
