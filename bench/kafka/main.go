@@ -164,7 +164,7 @@ func main() {
 		if su.remote {
 			fmt.Fprintln(os.Stderr, "waiting for the rolled segments to be evicted")
 			for _, s := range su.streams {
-				check(benchutil.WaitFor(func() bool { return allEvicted(filepath.Join(su.logDir, s.Topic+"-0")) }, 10*time.Minute, s.Topic+" evicted"))
+				check(benchutil.WaitFor(func() bool { return benchutil.AllEvicted(filepath.Join(su.logDir, s.Topic+"-0")) }, 10*time.Minute, s.Topic+" evicted"))
 			}
 		}
 	}
@@ -246,22 +246,6 @@ func saveMetrics(addr, path string) error {
 		return err
 	}
 	return os.WriteFile(path, b, 0o644)
-}
-
-// allEvicted says whether every segment of a partition dir but the last
-// two (the active one, and the newest rolled one that may not be flushed
-// yet) is remote.
-func allEvicted(dir string) bool {
-	logs, _ := filepath.Glob(filepath.Join(dir, "*.log"))
-	if len(logs) < 3 {
-		return false
-	}
-	for _, l := range logs[:len(logs)-2] {
-		if benchutil.Xattr(l, "user.tierfs.state") != "remote" {
-			return false
-		}
-	}
-	return true
 }
 
 func newClient(br *kafka.Broker, opts ...kgo.Opt) (*kgo.Client, error) {

@@ -9,15 +9,12 @@
 package main
 
 import (
-	"bufio"
-	"encoding/binary"
 	"context"
+	"encoding/binary"
 	"flag"
 	"fmt"
-	"net/http"
 	"os"
 	"path/filepath"
-	"strconv"
 	"strings"
 	"sync"
 	"time"
@@ -32,15 +29,15 @@ import (
 const topic = "catchup"
 
 type setup struct {
-	budget   string
-	budgetB  int64
-	logDir   string
-	pid      int
-	metrics  string
-	br       *kafka.Broker
-	mbps     []float64
-	rss      []float64
-	amp      []float64 // bytes fetched from the store per byte consumed
+	budget  string
+	budgetB int64
+	logDir  string
+	pid     int
+	metrics string
+	br      *kafka.Broker
+	mbps    []float64
+	rss     []float64
+	amp     []float64 // bytes fetched from the store per byte consumed
 }
 
 func main() {
@@ -93,15 +90,15 @@ func main() {
 	for _, su := range setups {
 		fmt.Fprintf(os.Stderr, "%s: waiting for the rolled segments to be evicted\n", su.budget)
 		for p := range *partitions {
-			u.Check(benchutil.WaitFor(func() bool { return allEvicted(filepath.Join(su.logDir, fmt.Sprintf("%s-%d", topic, p))) }, 20*time.Minute, "eviction"))
+			u.Check(benchutil.WaitFor(func() bool { return benchutil.AllEvicted(filepath.Join(su.logDir, fmt.Sprintf("%s-%d", topic, p))) }, 20*time.Minute, "eviction"))
 		}
 	}
 	for r := range *runs {
 		for k := range setups {
 			su := setups[(k+r)%len(setups)]
-			before, err := metric(su.metrics, "tierfs_remote_fetch_requests_total")
+			before, err := benchutil.Metric(su.metrics, "tierfs_remote_fetch_requests_total")
 			u.Check(err)
-			bytesBefore, err := metric(su.metrics, "tierfs_remote_fetch_bytes_total")
+			bytesBefore, err := benchutil.Metric(su.metrics, "tierfs_remote_fetch_bytes_total")
 			u.Check(err)
 			benchutil.DropCaches()
 			u.Check(benchutil.ResetPeakRSS(su.pid))
@@ -110,9 +107,9 @@ func main() {
 			u.Check(err)
 			rss, err := benchutil.PeakRSS(su.pid)
 			u.Check(err)
-			after, err := metric(su.metrics, "tierfs_remote_fetch_requests_total")
+			after, err := benchutil.Metric(su.metrics, "tierfs_remote_fetch_requests_total")
 			u.Check(err)
-			bytesAfter, err := metric(su.metrics, "tierfs_remote_fetch_bytes_total")
+			bytesAfter, err := benchutil.Metric(su.metrics, "tierfs_remote_fetch_bytes_total")
 			u.Check(err)
 			su.mbps = append(su.mbps, float64(n)/1e6/d.Seconds())
 			su.rss = append(su.rss, float64(rss>>20))
@@ -220,36 +217,4 @@ func consume(br *kafka.Broker, n int) (int64, error) {
 		})
 	}
 	return bytes, nil
-}
-
-// allEvicted says whether every segment of a partition dir but the last
-// two (the active one, and the newest rolled one that may not be flushed
-// yet) is remote.
-func allEvicted(dir string) bool {
-	logs, _ := filepath.Glob(filepath.Join(dir, "*.log"))
-	if len(logs) < 3 {
-		return false
-	}
-	for _, l := range logs[:len(logs)-2] {
-		if benchutil.Xattr(l, "user.tierfs.state") != "remote" {
-			return false
-		}
-	}
-	return true
-}
-
-// metric reads an unlabelled metric from a mount.
-func metric(addr, name string) (float64, error) {
-	resp, err := http.Get("http://" + addr + "/metrics")
-	if err != nil {
-		return 0, err
-	}
-	defer resp.Body.Close()
-	sc := bufio.NewScanner(resp.Body)
-	for sc.Scan() {
-		if v, ok := strings.CutPrefix(sc.Text(), name+" "); ok {
-			return strconv.ParseFloat(v, 64)
-		}
-	}
-	return 0, fmt.Errorf("no %s in the metrics", name)
 }

@@ -15,14 +15,12 @@
 package main
 
 import (
-	"bufio"
 	"context"
 	"errors"
 	"flag"
 	"fmt"
 	"io"
 	"math"
-	"net/http"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -180,7 +178,7 @@ func main() {
 			r.getsPerChk = (after - before) / float64(read)
 			if os.Getenv("BENCH_TIERLOAD_METRICS") != "" {
 				for _, m := range []string{"tierfs_chunk_memory_waits_total", "tierfs_chunk_memory_wait_seconds_total", "tierfs_chunk_memory_claims_revoked_total", "tierfs_read_ahead_skipped_total", "tierfs_read_ahead_wasted_total", "tierfs_cache_hits_total"} {
-					v, _ := metric(metricsAddr, m)
+					v, _ := benchutil.Metric(metricsAddr, m)
 					fmt.Fprintf(os.Stderr, "    %s %v\n", m, v)
 				}
 			}
@@ -331,23 +329,7 @@ func readAll(path string) (int64, []float64, error) {
 
 // fetchRequests reads tierfs_remote_fetch_requests_total from the mount.
 func fetchRequests(addr string) (float64, error) {
-	return metric(addr, "tierfs_remote_fetch_requests_total")
-}
-
-// metric reads an unlabelled metric from the mount.
-func metric(addr, name string) (float64, error) {
-	resp, err := http.Get("http://" + addr + "/metrics")
-	if err != nil {
-		return 0, err
-	}
-	defer resp.Body.Close()
-	sc := bufio.NewScanner(resp.Body)
-	for sc.Scan() {
-		if v, ok := strings.CutPrefix(sc.Text(), name+" "); ok {
-			return strconv.ParseFloat(v, 64)
-		}
-	}
-	return 0, fmt.Errorf("no %s in the metrics", name)
+	return benchutil.Metric(addr, "tierfs_remote_fetch_requests_total")
 }
 
 type peerMount struct {

@@ -1,12 +1,15 @@
 package benchutil
 
 import (
+	"bufio"
 	"bytes"
 	"fmt"
+	"net/http"
 	"os"
 	"os/exec"
 	"path/filepath"
 	"runtime"
+	"strconv"
 	"strings"
 	"syscall"
 	"time"
@@ -166,4 +169,37 @@ func ToolVersion(name string, args ...string) string {
 		return "unknown"
 	}
 	return line
+}
+
+// Metric reads an unlabelled metric from the Prometheus endpoint of a
+// mount (its --metrics-listen address).
+func Metric(addr, name string) (float64, error) {
+	resp, err := http.Get("http://" + addr + "/metrics")
+	if err != nil {
+		return 0, err
+	}
+	defer resp.Body.Close()
+	sc := bufio.NewScanner(resp.Body)
+	for sc.Scan() {
+		if v, ok := strings.CutPrefix(sc.Text(), name+" "); ok {
+			return strconv.ParseFloat(v, 64)
+		}
+	}
+	return 0, fmt.Errorf("no %s in the metrics of %s", name, addr)
+}
+
+// AllEvicted says whether every segment of a partition dir but the last
+// two (the active one, and the newest rolled one that may not be flushed
+// yet) is remote.
+func AllEvicted(dir string) bool {
+	logs, _ := filepath.Glob(filepath.Join(dir, "*.log"))
+	if len(logs) < 3 {
+		return false
+	}
+	for _, l := range logs[:len(logs)-2] {
+		if Xattr(l, "user.tierfs.state") != "remote" {
+			return false
+		}
+	}
+	return true
 }
