@@ -190,7 +190,8 @@ func (m *Mounted) start() error {
 			// default 12, readers waiting for memory took every slot
 			// and the readers holding the memory could not send the
 			// reads that would release it: 40 readers ran at 0.2× one
-			// reader. With 1024, 200 readers at once run at 1.9×.
+			// reader. With 1024, 40 and 200 readers at once run at about 2×
+			// (bench/tierload).
 			MaxBackground: maxBackground,
 			// The cap on kernel readahead: the window is set after the
 			// mount (setReadAhead).
