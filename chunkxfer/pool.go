@@ -46,7 +46,7 @@ type Pool struct {
 
 	mu        sync.Mutex
 	used      int64              // bytes of every buffer below; GUARDED_BY(mu)
-	chunks    map[chunkID]*chunk // GUARDED_BY(mu)
+	chunks    map[chunkID]*chunk // fetching or ready (a failed chunk leaves at once); GUARDED_BY(mu)
 	cached    list.List          // of *chunk: no holder, read before; front is newest; GUARDED_BY(mu)
 	ahead     list.List          // of *chunk: no holder, not read yet; GUARDED_BY(mu)
 	free      map[int64][][]byte // buffers by length; GUARDED_BY(mu)
@@ -226,7 +226,7 @@ func (p *Pool) get(ctx context.Context, id chunkID, n int64, f fetcher) (Pin, er
 	}
 	p.mu.Lock()
 	c := p.chunks[id]
-	if c != nil && c.state != chunkFailed {
+	if c != nil {
 		p.hold(c)
 		p.stats.Hits.Add(1)
 	} else {
@@ -256,7 +256,7 @@ func (p *Pool) get(ctx context.Context, id chunkID, n int64, f fetcher) (Pin, er
 func (p *Pool) prefetch(id chunkID, n int64, f fetcher) bool {
 	p.mu.Lock()
 	defer p.mu.Unlock()
-	if c := p.chunks[id]; c != nil && c.state != chunkFailed {
+	if p.chunks[id] != nil {
 		return true
 	}
 	if p.waiters.Len() > 0 || 2*(p.aheadBusy+n) > p.limit {
@@ -302,13 +302,9 @@ func (p *Pool) release(c *chunk) {
 // evictable (the caller wakes waiters). GUARDED_BY(mu).
 func (p *Pool) unref(c *chunk) {
 	c.refs--
-	if c.refs > 0 || c.state == chunkFetching {
-		return
+	if c.refs == 0 && c.state == chunkReady {
+		p.park(c)
 	}
-	if c.state == chunkFailed {
-		return
-	}
-	p.park(c)
 }
 
 // park makes c, ready and held by no one, evictable. GUARDED_BY(mu).
@@ -377,6 +373,9 @@ func (p *Pool) fetchInto(c *chunk, buf []byte, f fetcher) {
 	err := f(p.ctx, c.id.i, buf)
 	if err != nil {
 		p.stats.FetchErrors.Add(1)
+		if c.ahead && p.ctx.Err() == nil {
+			p.log.Debug("read-ahead failed", "key", c.id.key, "chunk", c.id.i, "err", err)
+		}
 	} else {
 		p.stats.FetchedBytes.Add(c.n)
 	}
@@ -396,9 +395,7 @@ func (p *Pool) finish(c *chunk, buf []byte, err error) {
 		if buf != nil {
 			p.putFree(buf, c.n)
 		}
-		if p.chunks[c.id] == c {
-			delete(p.chunks, c.id)
-		}
+		delete(p.chunks, c.id)
 	} else {
 		c.state, c.buf = chunkReady, buf
 		if c.refs == 0 {

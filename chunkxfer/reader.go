@@ -4,7 +4,6 @@ import (
 	"context"
 	"fmt"
 	"io"
-	"log/slog"
 	"sync/atomic"
 
 	"github.com/tierfs/tierfs/chunkxfer/store"
@@ -18,7 +17,6 @@ type ReaderOptions struct {
 	// Attempts bounds the tries of one chunk (each on top of the store's
 	// own request retries); a reader waits for them. Default 2.
 	Attempts int
-	Log      *slog.Logger
 }
 
 // Reader reads a remote object at any offset, a chunk at a time. Every

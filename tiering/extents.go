@@ -116,7 +116,7 @@ type remoteSource interface {
 // openSource opens the store copy of a file from its record, reading
 // nothing until asked.
 func (t *Tierer) openSource(rec Record) (remoteSource, error) {
-	opts := chunkxfer.ReaderOptions{ReadAhead: t.readAheadChunks(), Log: t.cfg.Log}
+	opts := chunkxfer.ReaderOptions{ReadAhead: t.readAheadChunks()}
 	if len(rec.Extents) == 0 {
 		m, err := t.loadManifest(rec)
 		if err != nil {
