@@ -96,19 +96,19 @@ func (r *Reader) ReadAtContext(ctx context.Context, p []byte, off int64) (int, e
 	if off >= r.m.Size {
 		return 0, io.EOF
 	}
-	sequential := r.sequential(off)
+	m := r.mode(off)
 	n := 0
 	for n < len(p) && off+int64(n) < r.m.Size {
 		pos := off + int64(n)
 		i := int(pos / r.m.ChunkSize)
-		h, err := r.chunk(ctx, i, mode(sequential, off))
+		h, err := r.chunk(ctx, i, m)
 		if err != nil {
 			return n, err
 		}
 		n += copy(p[n:], h.Bytes()[pos-int64(i)*r.m.ChunkSize:])
 		h.Release()
 	}
-	r.after(off, off+int64(n), sequential)
+	r.after(off+int64(n), m)
 	if n < len(p) {
 		return n, io.EOF
 	}
@@ -129,27 +129,23 @@ func (r *Reader) Slice(ctx context.Context, off int64, n int) (b []byte, release
 	if int((end-1)/r.m.ChunkSize) != i {
 		return nil, nil, false, nil
 	}
-	sequential := r.sequential(off)
-	h, err := r.chunk(ctx, i, mode(sequential, off))
+	m := r.mode(off)
+	h, err := r.chunk(ctx, i, m)
 	if err != nil {
 		return nil, nil, true, err
 	}
-	r.after(off, end, sequential)
+	r.after(end, m)
 	return h.Bytes()[lo : lo+(end-off)], h.Release, true, nil
 }
 
-// sequential says whether a read at off follows the last one. Near
-// counts: the kernel's readahead can have several requests in flight,
-// and they may arrive slightly out of order.
-func (r *Reader) sequential(off int64) bool {
+// mode says how a read at off relates to the Reader's earlier reads. It
+// is sequential when it starts near where the last one ended: the
+// kernel's readahead can have several requests in flight, and they may
+// arrive slightly out of order.
+func (r *Reader) mode(off int64) readMode {
 	last := r.lastEnd.Load()
-	return last >= 0 && off >= last-r.m.ChunkSize && off <= last+r.m.ChunkSize
-}
-
-// mode says how a read at off relates to the Reader's earlier reads.
-func mode(sequential bool, off int64) readMode {
 	switch {
-	case sequential:
+	case last >= 0 && off >= last-r.m.ChunkSize && off <= last+r.m.ChunkSize:
 		return readSequential
 	case off == 0:
 		return readStart
@@ -158,10 +154,11 @@ func mode(sequential bool, off int64) readMode {
 	}
 }
 
-// after notes a read of [off, end) and starts read-ahead past it.
-func (r *Reader) after(off, end int64, sequential bool) {
+// after notes a read of mode m that ended at end, and starts read-ahead
+// past it unless the read was at a random offset.
+func (r *Reader) after(end int64, m readMode) {
 	r.lastEnd.Store(end)
-	if !sequential && off != 0 {
+	if m == readRandom {
 		return
 	}
 	from := int(end / r.m.ChunkSize)
