@@ -96,6 +96,51 @@ func waitIdle(t *testing.T, p *Pool) {
 	}
 }
 
+// readAtOnce has readers goroutines each read an object whole through a
+// Reader of its own, all at once: reader r reads key(r), in ReadAts of
+// size bytes (0: as io.ReadAll does). Every byte is checked against
+// want; it returns how many readers read their object exactly.
+func readAtOnce(t *testing.T, s store.Store, pool *Pool, readers int, key func(r int) string, opts ReaderOptions, size int, want map[string][]byte) int64 {
+	t.Helper()
+	var wg sync.WaitGroup
+	var exact atomic.Int64
+	for r := range readers {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			k := key(r)
+			rd, err := NewReader(context.Background(), s, k, pool, opts)
+			if err != nil {
+				t.Error(err)
+				return
+			}
+			defer rd.Close()
+			var got []byte
+			if size == 0 {
+				got, err = io.ReadAll(io.NewSectionReader(rd, 0, rd.Size()))
+			} else {
+				b := make([]byte, size)
+				for off := int64(0); off < rd.Size() && err == nil; {
+					var n int
+					n, err = rd.ReadAt(b, off)
+					got = append(got, b[:n]...)
+					off += int64(n)
+				}
+				if errors.Is(err, io.EOF) {
+					err = nil
+				}
+			}
+			if err != nil || !bytes.Equal(got, want[k]) {
+				t.Errorf("reader %d of %s: %d bytes, %v; not the object's: %v", r, k, len(got), err, !bytes.Equal(got, want[k]))
+				return
+			}
+			exact.Add(1)
+		}()
+	}
+	wg.Wait()
+	return exact.Load()
+}
+
 // TestPoolBoundsEveryChunkByte: 40 readers of 20 objects with read-ahead
 // and a budget of four chunks. The bytes fetched at once (counted by the
 // store) and every kind of chunk memory together stay within the budget,
@@ -124,25 +169,7 @@ func TestPoolBoundsEveryChunkByte(t *testing.T) {
 			time.Sleep(50 * time.Microsecond)
 		}
 	}()
-	var wg sync.WaitGroup
-	for r := range 40 {
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			key := keys[r%len(keys)]
-			rd, err := NewReader(context.Background(), cst, key, pool, ReaderOptions{ReadAhead: 4})
-			if err != nil {
-				t.Error(err)
-				return
-			}
-			defer rd.Close()
-			got, err := io.ReadAll(io.NewSectionReader(rd, 0, rd.Size()))
-			if err != nil || !bytes.Equal(got, want[key]) {
-				t.Errorf("reader %d of %s: %d bytes, %v; differs: %v", r, key, len(got), err, !bytes.Equal(got, want[key]))
-			}
-		}()
-	}
-	wg.Wait()
+	readAtOnce(t, cst, pool, 40, func(r int) string { return keys[r%len(keys)] }, ReaderOptions{ReadAhead: 4}, 0, want)
 	close(stop)
 	if v := over.Load(); v != nil {
 		t.Fatalf("chunk memory over the budget: %s", v)
@@ -233,34 +260,7 @@ func TestPoolSharesChunksBetweenReaders(t *testing.T) {
 	keys, want := poolObjects(t, cst.Store, 1, 16, cs)
 	pool, _ := NewPool(64*cs, nil)
 	defer pool.Close()
-	var wg sync.WaitGroup
-	for r := range 8 {
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			rd, err := NewReader(context.Background(), cst, keys[0], pool, ReaderOptions{ReadAhead: 2})
-			if err != nil {
-				t.Error(err)
-				return
-			}
-			defer rd.Close()
-			got := make([]byte, 0, rd.Size())
-			b := make([]byte, 32<<10)
-			for off := int64(0); off < rd.Size(); {
-				n, err := rd.ReadAt(b, off)
-				got = append(got, b[:n]...)
-				off += int64(n)
-				if err != nil && !errors.Is(err, io.EOF) {
-					t.Errorf("reader %d: %v", r, err)
-					return
-				}
-			}
-			if !bytes.Equal(got, want[keys[0]]) {
-				t.Errorf("reader %d: bytes differ", r)
-			}
-		}()
-	}
-	wg.Wait()
+	readAtOnce(t, cst, pool, 8, func(int) string { return keys[0] }, ReaderOptions{ReadAhead: 2}, 32<<10, want)
 	waitIdle(t, pool)
 	if n := cst.gets[keys[0]]; n != 16 {
 		t.Fatalf("8 readers of 16 chunks made %d GETs, want 16", n)
@@ -276,29 +276,8 @@ func TestPoolServesEveryReader(t *testing.T) {
 	keys, want := poolObjects(t, s, 20, 4, cs)
 	pool, _ := NewPool(2*cs, nil)
 	defer pool.Close()
-	var wg sync.WaitGroup
-	var done atomic.Int64
-	for r := range 200 {
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			key := keys[r%len(keys)]
-			rd, err := NewReader(context.Background(), s, key, pool, ReaderOptions{ReadAhead: 4})
-			if err != nil {
-				t.Error(err)
-				return
-			}
-			defer rd.Close()
-			got, err := io.ReadAll(io.NewSectionReader(rd, 0, rd.Size()))
-			if err != nil || !bytes.Equal(got, want[key]) {
-				t.Errorf("reader %d: %v", r, err)
-			}
-			done.Add(1)
-		}()
-	}
-	wg.Wait()
-	if done.Load() != 200 {
-		t.Fatalf("%d of 200 readers finished", done.Load())
+	if done := readAtOnce(t, s, pool, 200, func(r int) string { return keys[r%len(keys)] }, ReaderOptions{ReadAhead: 4}, 0, want); done != 200 {
+		t.Fatalf("%d of 200 readers finished", done)
 	}
 	st := pool.Stats()
 	if st.Waits.Load() == 0 {
@@ -392,34 +371,7 @@ func TestPoolSequentialReadersFetchEachChunkOnce(t *testing.T) {
 	keys, want := poolObjects(t, cst.Store, 8, 6, cs)
 	pool, _ := NewPool(4*cs, nil)
 	defer pool.Close()
-	var wg sync.WaitGroup
-	for r, key := range keys {
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			rd, err := NewReader(context.Background(), cst, key, pool, ReaderOptions{})
-			if err != nil {
-				t.Error(err)
-				return
-			}
-			defer rd.Close()
-			var got []byte
-			b := make([]byte, 4<<10)
-			for off := int64(0); off < rd.Size(); {
-				n, err := rd.ReadAt(b, off)
-				got = append(got, b[:n]...)
-				off += int64(n)
-				if err != nil && !errors.Is(err, io.EOF) {
-					t.Errorf("reader %d: %v", r, err)
-					return
-				}
-			}
-			if !bytes.Equal(got, want[key]) {
-				t.Errorf("reader %d: bytes differ", r)
-			}
-		}()
-	}
-	wg.Wait()
+	readAtOnce(t, cst, pool, len(keys), func(r int) string { return keys[r] }, ReaderOptions{}, 4<<10, want)
 	n := 0
 	for _, k := range keys {
 		n += cst.gets[k] // chunk GETs (not the manifests')
