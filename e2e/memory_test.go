@@ -6,13 +6,13 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
-	"strconv"
 	"strings"
 	"sync"
 	"testing"
 	"time"
 
 	"github.com/tierfs/tierfs/idx/kafka/kafkatest"
+	"github.com/tierfs/tierfs/internal/procmem"
 )
 
 // TestManyReadersOneBudget: 40 evicted segments of two 8 MiB chunks
@@ -61,7 +61,7 @@ func TestManyReadersOneBudget(t *testing.T) {
 	os.WriteFile("/proc/sys/vm/drop_caches", []byte("3"), 0)
 	before := peakRSS(t, m.cmd.Process.Pid)
 	// From here the peak is the reads' (shipping had its own buffers).
-	if err := os.WriteFile(fmt.Sprintf("/proc/%d/clear_refs", m.cmd.Process.Pid), []byte("5"), 0); err != nil {
+	if err := procmem.ResetPeakRSS(m.cmd.Process.Pid); err != nil {
 		t.Fatal(err)
 	}
 
@@ -99,22 +99,12 @@ func TestManyReadersOneBudget(t *testing.T) {
 	}
 }
 
-// peakRSS is the peak resident memory of process pid (VmHWM).
+// peakRSS is the mount's peak resident memory (procmem.PeakRSS).
 func peakRSS(t *testing.T, pid int) int64 {
 	t.Helper()
-	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/status", pid))
+	n, err := procmem.PeakRSS(pid)
 	if err != nil {
 		t.Fatal(err)
 	}
-	for _, line := range strings.Split(string(b), "\n") {
-		if rest, ok := strings.CutPrefix(line, "VmHWM:"); ok {
-			kb, err := strconv.ParseInt(strings.TrimSpace(strings.TrimSuffix(strings.TrimSpace(rest), "kB")), 10, 64)
-			if err != nil {
-				t.Fatal(err)
-			}
-			return kb << 10
-		}
-	}
-	t.Fatal("no VmHWM in /proc/pid/status")
-	return 0
+	return n
 }

@@ -24,6 +24,7 @@ import (
 
 	"github.com/tierfs/tierfs/bench/internal/benchutil"
 	"github.com/tierfs/tierfs/e2e/kafka"
+	"github.com/tierfs/tierfs/internal/procmem"
 )
 
 const topic = "catchup"
@@ -101,11 +102,11 @@ func main() {
 			bytesBefore, err := benchutil.Metric(su.metrics, "tierfs_remote_fetch_bytes_total")
 			u.Check(err)
 			benchutil.DropCaches()
-			u.Check(benchutil.ResetPeakRSS(su.pid))
+			u.Check(procmem.ResetPeakRSS(su.pid))
 			var n int64
 			d := benchutil.Time(func() { n, err = consume(su.br, records) })
 			u.Check(err)
-			rss, err := benchutil.PeakRSS(su.pid)
+			rss, err := procmem.PeakRSS(su.pid)
 			u.Check(err)
 			after, err := benchutil.Metric(su.metrics, "tierfs_remote_fetch_requests_total")
 			u.Check(err)

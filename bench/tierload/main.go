@@ -34,6 +34,7 @@ import (
 	"github.com/tierfs/tierfs/bench/internal/benchutil"
 	"github.com/tierfs/tierfs/chunkxfer/store/s3test"
 	"github.com/tierfs/tierfs/idx/kafka/kafkatest"
+	"github.com/tierfs/tierfs/internal/procmem"
 )
 
 const chunk = 8 << 20
@@ -168,7 +169,7 @@ func main() {
 			check(err)
 			benchutil.DropCaches()
 			r := load(c, func(i int) string { return filepath.Join(mnt, segs[i]) }, segSize)
-			r.peakRSS, _ = benchutil.PeakRSS(pid)
+			r.peakRSS, _ = procmem.PeakRSS(pid)
 			after, err := fetchRequests(metricsAddr)
 			check(err)
 			read := chunks * int64(c.readers)
@@ -185,10 +186,10 @@ func main() {
 			unmount()
 			add(tierfsName, c, r)
 			for _, p := range ps {
-				check(benchutil.ResetPeakRSS(p.pid))
+				check(procmem.ResetPeakRSS(p.pid))
 				benchutil.DropCaches()
 				r := load(c, p.path, segSize)
-				r.peakRSS, _ = benchutil.PeakRSS(p.pid)
+				r.peakRSS, _ = procmem.PeakRSS(p.pid)
 				r.getsPerChk = math.NaN()
 				add(p.name, c, r)
 			}

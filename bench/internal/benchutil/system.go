@@ -136,31 +136,6 @@ func FreshFS(work, typ string, size int64) (dir string, done func(), err error) 
 	}, nil
 }
 
-// PeakRSS is the peak resident memory of process pid since it started or
-// since ResetPeakRSS (VmHWM), in bytes.
-func PeakRSS(pid int) (int64, error) {
-	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/status", pid))
-	if err != nil {
-		return 0, err
-	}
-	for _, line := range strings.Split(string(b), "\n") {
-		if rest, ok := strings.CutPrefix(line, "VmHWM:"); ok {
-			var kb int64
-			if _, err := fmt.Sscanf(strings.TrimSpace(rest), "%d kB", &kb); err != nil {
-				return 0, fmt.Errorf("VmHWM of %d: %q", pid, rest)
-			}
-			return kb << 10, nil
-		}
-	}
-	return 0, fmt.Errorf("no VmHWM for process %d", pid)
-}
-
-// ResetPeakRSS starts pid's peak resident memory again from what it uses
-// now.
-func ResetPeakRSS(pid int) error {
-	return os.WriteFile(fmt.Sprintf("/proc/%d/clear_refs", pid), []byte("5"), 0)
-}
-
 // ToolVersion is the first line that `name args...` prints, or "unknown".
 func ToolVersion(name string, args ...string) string {
 	out, _ := exec.Command(name, args...).CombinedOutput()
