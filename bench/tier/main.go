@@ -18,7 +18,6 @@ import (
 	"os/exec"
 	"path/filepath"
 	"strings"
-	"syscall"
 	"time"
 
 	"github.com/aws/aws-sdk-go-v2/aws"
@@ -99,8 +98,12 @@ func main() {
 	// The peers are mounted once, before the runs.
 	peerFiles := map[string]string{}
 	if *peers {
-		for name, path := range mountPeers(dir, srv, key) {
-			peerFiles[name] = path
+		mounted, err := benchutil.MountPeers(dir, srv, "bench")
+		check(err)
+		for name, report := range map[string]string{benchutil.PeerS3fs: s3fsName, benchutil.PeerRclone: rcloneName} {
+			if m, ok := mounted[name]; ok {
+				peerFiles[report] = filepath.Join(m.Root, key)
+			}
 		}
 	}
 	const rawName, mountName = "raw ranged GETs, 1 stream", "tierfs mount, cold sequential read"
@@ -166,7 +169,7 @@ func main() {
 		lsNative = append(lsNative, benchutil.Time(func() { run("ls", "-l", many) }).Seconds())
 	}
 	unmount()
-	unmountPeers(dir)
+	benchutil.UnmountPeers(dir)
 
 	rep := benchutil.Report{
 		Name:  "tier",
@@ -267,59 +270,3 @@ const (
 	s3fsName   = "s3fs (Debian), cold sequential read"
 	rcloneName = "rclone mount (Debian), cold sequential read"
 )
-
-// mountPeers mounts the bucket with s3fs and rclone and returns, for each
-// that came up, the path of the object key through it.
-func mountPeers(dir string, srv *s3test.Server, key string) map[string]string {
-	out := map[string]string{}
-	passwd := filepath.Join(dir, "passwd-s3fs")
-	check(os.WriteFile(passwd, []byte(srv.AccessKey+":"+srv.SecretKey), 0o600))
-	s3fsMnt := filepath.Join(dir, "s3fs")
-	check(os.MkdirAll(s3fsMnt, 0o755))
-	if err := exec.Command("s3fs", "bench", s3fsMnt, "-o", "url="+srv.Endpoint, "-o", "use_path_request_style", "-o", "passwd_file="+passwd).Run(); err != nil {
-		fmt.Fprintln(os.Stderr, "s3fs:", err)
-	} else if !benchutil.TryWait(func() bool { return benchutil.IsMount(s3fsMnt) }, 20*time.Second) {
-		fmt.Fprintln(os.Stderr, "s3fs did not mount")
-	} else {
-		out[s3fsName] = filepath.Join(s3fsMnt, key)
-	}
-	rcloneMnt := filepath.Join(dir, "rclone")
-	check(os.MkdirAll(rcloneMnt, 0o755))
-	rc := exec.Command("rclone", "mount", "vgw:bench", rcloneMnt, "--read-only", "--vfs-cache-mode", "off")
-	// rclone 1.60 cannot load AWS_CA_BUNDLE with its own transport
-	// ("unsupported transport"), and the endpoint is plain HTTP anyway.
-	var rcEnv []string
-	for _, e := range os.Environ() {
-		if !strings.HasPrefix(e, "AWS_CA_BUNDLE=") {
-			rcEnv = append(rcEnv, e)
-		}
-	}
-	rc.Env = append(rcEnv, "RCLONE_CONFIG_VGW_TYPE=s3", "RCLONE_CONFIG_VGW_PROVIDER=Other",
-		"RCLONE_CONFIG_VGW_ACCESS_KEY_ID="+srv.AccessKey, "RCLONE_CONFIG_VGW_SECRET_ACCESS_KEY="+srv.SecretKey,
-		"RCLONE_CONFIG_VGW_ENDPOINT="+srv.Endpoint, "RCLONE_CONFIG_VGW_FORCE_PATH_STYLE=true")
-	rcLog, _ := os.Create(filepath.Join(dir, "rclone.log"))
-	rc.Stdout, rc.Stderr = rcLog, rcLog
-	// Pdeathsig: the rclone mount goes with the benchmark.
-	rc.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGTERM}
-	if err := rc.Start(); err != nil {
-		fmt.Fprintln(os.Stderr, "rclone:", err)
-	} else if !benchutil.TryWait(func() bool { return benchutil.IsMount(rcloneMnt) }, 20*time.Second) {
-		b, _ := os.ReadFile(filepath.Join(dir, "rclone.log"))
-		fmt.Fprintf(os.Stderr, "rclone mount did not come up:\n%s\n", b)
-		rc.Process.Kill()
-		rc.Wait()
-	} else {
-		out[rcloneName] = filepath.Join(rcloneMnt, key)
-	}
-	return out
-}
-
-// unmountPeers unmounts what mountPeers mounted (rclone exits on it).
-func unmountPeers(dir string) {
-	for _, m := range []string{"s3fs", "rclone"} {
-		p := filepath.Join(dir, m)
-		if benchutil.IsMount(p) {
-			exec.Command("umount", p).Run()
-		}
-	}
-}

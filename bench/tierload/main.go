@@ -22,13 +22,11 @@ import (
 	"io"
 	"math"
 	"os"
-	"os/exec"
 	"path/filepath"
 	"sort"
 	"strconv"
 	"strings"
 	"sync"
-	"syscall"
 	"time"
 
 	"github.com/tierfs/tierfs/bench/internal/benchutil"
@@ -140,11 +138,13 @@ func main() {
 	}
 	var ps []peer
 	if *peers {
-		for name, m := range mountPeers(dir, srv) {
-			ps = append(ps, peer{name: name, pid: m.pid, path: func(i int) string { return filepath.Join(m.root, keys[i]) }})
+		mounted, err := benchutil.MountPeers(dir, srv, "bench")
+		check(err)
+		for name, m := range mounted {
+			ps = append(ps, peer{name: name, pid: m.Pid, path: func(i int) string { return filepath.Join(m.Root, keys[i]) }})
 		}
 		sort.Slice(ps, func(i, j int) bool { return ps[i].name > ps[j].name })
-		defer unmountPeers(dir)
+		defer benchutil.UnmountPeers(dir)
 	}
 
 	const tierfsName = "tierfs"
@@ -331,61 +331,6 @@ func readAll(path string) (int64, []float64, error) {
 // fetchRequests reads tierfs_remote_fetch_requests_total from the mount.
 func fetchRequests(addr string) (float64, error) {
 	return benchutil.Metric(addr, "tierfs_remote_fetch_requests_total")
-}
-
-type peerMount struct {
-	root string
-	pid  int
-}
-
-// mountPeers mounts the bucket with s3fs and rclone, each in the
-// foreground of a process of its own, and returns those that came up.
-func mountPeers(dir string, srv *s3test.Server) map[string]peerMount {
-	out := map[string]peerMount{}
-	passwd := filepath.Join(dir, "passwd-s3fs")
-	check(os.WriteFile(passwd, []byte(srv.AccessKey+":"+srv.SecretKey), 0o600))
-	start := func(name, mnt string, cmd *exec.Cmd) {
-		check(os.MkdirAll(mnt, 0o755))
-		logf, _ := os.Create(filepath.Join(dir, filepath.Base(mnt)+".log"))
-		cmd.Stdout, cmd.Stderr = logf, logf
-		cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGTERM}
-		if err := cmd.Start(); err != nil {
-			fmt.Fprintln(os.Stderr, name+":", err)
-			return
-		}
-		go cmd.Wait()
-		if !benchutil.TryWait(func() bool { return benchutil.IsMount(mnt) }, 20*time.Second) {
-			b, _ := os.ReadFile(logf.Name())
-			fmt.Fprintf(os.Stderr, "%s did not mount:\n%s\n", name, b)
-			cmd.Process.Kill()
-			return
-		}
-		out[name] = peerMount{root: mnt, pid: cmd.Process.Pid}
-	}
-	s3fsMnt := filepath.Join(dir, "s3fs")
-	start("s3fs", s3fsMnt, exec.Command("s3fs", "bench", s3fsMnt, "-f", "-o", "url="+srv.Endpoint, "-o", "use_path_request_style", "-o", "passwd_file="+passwd))
-	rcloneMnt := filepath.Join(dir, "rclone")
-	rc := exec.Command("rclone", "mount", "vgw:bench", rcloneMnt, "--read-only", "--vfs-cache-mode", "off")
-	// rclone 1.60 cannot load AWS_CA_BUNDLE with its own transport, and
-	// the endpoint is plain HTTP anyway.
-	for _, e := range os.Environ() {
-		if !strings.HasPrefix(e, "AWS_CA_BUNDLE=") {
-			rc.Env = append(rc.Env, e)
-		}
-	}
-	rc.Env = append(rc.Env, "RCLONE_CONFIG_VGW_TYPE=s3", "RCLONE_CONFIG_VGW_PROVIDER=Other",
-		"RCLONE_CONFIG_VGW_ACCESS_KEY_ID="+srv.AccessKey, "RCLONE_CONFIG_VGW_SECRET_ACCESS_KEY="+srv.SecretKey,
-		"RCLONE_CONFIG_VGW_ENDPOINT="+srv.Endpoint, "RCLONE_CONFIG_VGW_FORCE_PATH_STYLE=true")
-	start("rclone", rcloneMnt, rc)
-	return out
-}
-
-func unmountPeers(dir string) {
-	for _, m := range []string{"s3fs", "rclone"} {
-		if p := filepath.Join(dir, m); benchutil.IsMount(p) {
-			exec.Command("umount", p).Run()
-		}
-	}
 }
 
 func check(err error) {
