@@ -57,6 +57,9 @@ func brokerID(root string) string {
 // storeState is what a mount knows of a partition's index in the store.
 type storeState struct {
 	ETag string `json:"etag"` // of the store's index as this mount last read or wrote it
+	// Shared is set once the store's index was found changed by another
+	// broker: other brokers ship this partition too.
+	Shared bool `json:"shared,omitempty"`
 }
 
 func (t *Tierer) storeStatePath(partition string) string {
@@ -112,7 +115,7 @@ func (t *Tierer) syncIndex(ctx context.Context, partition string) (bool, error) 
 	if err := t.replaceIndex(partition, data); err != nil {
 		return false, err
 	}
-	if err := t.saveStoreState(partition, storeState{ETag: info.ETag}); err != nil {
+	if err := t.saveStoreState(partition, storeState{ETag: info.ETag, Shared: st.Shared || info.ETag != ""}); err != nil {
 		return false, err
 	}
 	t.cfg.Log.Debug("took the store's index", "partition", partition, "bytes", len(data))
@@ -218,7 +221,7 @@ func (t *Tierer) putIndex(ctx context.Context, partition string, f *idx.File) er
 			return err
 		}
 	}
-	return t.saveStoreState(partition, storeState{ETag: info.ETag})
+	return t.saveStoreState(partition, storeState{ETag: info.ETag, Shared: st.Shared})
 }
 
 // References. A holder is a file of this mount, named by its own key's

@@ -203,9 +203,10 @@ func (t *Tierer) followDeletions(ctx context.Context) (int, []error) {
 		}
 		err := t.deleteShipment(ctx, s, live[fmt.Sprintf("%s/%d", s.Partition, s.Base)] > 0)
 		t.release("key:" + s.Key)
-		if errors.Is(err, errReferenced) {
-			// Kept for now; tried again every pass.
-			t.cfg.Log.Debug("remote copy of a deleted segment kept: another broker reads from it", "key", s.Key, "err", err)
+		if errors.Is(err, errReferenced) || errors.Is(err, ErrIndexMoved) {
+			// Kept for now (another broker reads from it, or kept
+			// changing the index); tried again every pass.
+			t.cfg.Log.Debug("remote copy of a deleted segment kept for now", "key", s.Key, "err", err)
 			continue
 		}
 		if err != nil {
@@ -242,8 +243,17 @@ func (t *Tierer) deleteShipment(ctx context.Context, s Shipment, baseInUse bool)
 		return err
 	}
 	n, err := f.Tombstone(func(e idx.Entry) bool { return strings.HasPrefix(string(e.RDI), s.Key+"@") })
-	if err == nil && n > 0 {
+	for try := 1; err == nil && n > 0; try++ {
 		err = t.putIndex(ctx, s.Partition, f)
+		if !errors.Is(err, ErrIndexMoved) || try == maxIndexTries {
+			break
+		}
+		// Another broker appended first: tombstone again in the
+		// store's index (putIndex took it), and put that.
+		t.counters.IndexRaces.Add(1)
+		if f, err = t.indexFile(s.Partition); err == nil {
+			n, err = f.Tombstone(func(e idx.Entry) bool { return strings.HasPrefix(string(e.RDI), s.Key+"@") })
+		}
 	}
 	// A shipment of a tierfs that named the store's remote indexes by
 	// base offset alone: it has a .log object but no .rindex.
@@ -354,7 +364,7 @@ func (t *Tierer) dropEmptyIndex(ctx context.Context, partition string) error {
 	}
 	// The store's copy goes too, if it is still the one this mount
 	// knows (a follower leaves it to the leader).
-	if info, err := t.cfg.Store.Head(ctx, partition+"/"+idx.FileName); err == nil && !t.follower() && info.ETag == t.loadStoreState(partition).ETag {
+	if info, err := t.cfg.Store.Head(ctx, partition+"/"+idx.FileName); err == nil && !t.follows(partition) && info.ETag == t.loadStoreState(partition).ETag {
 		if err := deleteObject(ctx, t.cfg.Store, partition+"/"+idx.FileName); err != nil {
 			return err
 		}

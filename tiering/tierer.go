@@ -2,6 +2,7 @@ package tiering
 
 import (
 	"bytes"
+	"cmp"
 	"context"
 	"encoding/json"
 	"errors"
@@ -68,10 +69,17 @@ type Config struct {
 	// then, so retaining it later needs no download); an error keeps
 	// the bytes.
 	BeforeFree func(path string) error
-	// Role is RoleLeader (the default: ships this broker's segments) or
-	// RoleFollower (ships nothing; maps its segments onto what the
-	// leader shipped, once the store holds all of a segment's batches).
-	Role string
+	// Role is RoleAuto (the default: per partition, from Leadership) or
+	// a manual override for every partition, RoleLeader or RoleFollower.
+	Role Role
+	// Leadership, when set, tells which partitions this mount's broker
+	// leads: RoleAuto ships those and follows the others.
+	Leadership Leadership
+	// ShareGrace: with RoleAuto and no Leadership, a segment of a
+	// partition that other brokers ship too waits this long (plus a
+	// stagger of up to as long again, fixed per broker) past its
+	// ship-after for their upload before this mount uploads it.
+	ShareGrace time.Duration
 	// BrokerID names this mount among the brokers that share the store;
 	// empty: the node.id in the log dir's meta.properties, if any.
 	BrokerID string
@@ -140,19 +148,20 @@ type Tierer struct {
 	counters Counters
 
 	batchLists map[string][]idx.BatchRef // by object key, as read from the store; GUARDED_BY(mu)
-	isFollower atomic.Bool
+	roles      *roles
 }
-
-// Roles of a mount that tiers a broker's log dir.
-const (
-	RoleLeader   = "leader"
-	RoleFollower = "follower"
-)
 
 // brokerID is Config.BrokerID, or else the node.id of the log dir's
 // meta.properties once the broker has written it (it does before it
 // writes any segment).
 func (t *Tierer) brokerID() string {
+	return t.BrokerID()
+}
+
+// BrokerID names this mount's broker among those sharing the store:
+// Config.BrokerID, or the node.id of the log dir's meta.properties once
+// the broker wrote it ("" before).
+func (t *Tierer) BrokerID() string {
 	t.mu.Lock()
 	defer t.mu.Unlock()
 	if t.cfg.BrokerID == "" && t.cfg.Root != "" {
@@ -161,31 +170,31 @@ func (t *Tierer) brokerID() string {
 	return t.cfg.BrokerID
 }
 
-func (t *Tierer) follower() bool { return t.isFollower.Load() }
+// follows says whether the mount ships nothing of partition now (it
+// maps its segments onto other brokers' uploads).
+func (t *Tierer) follows(partition string) bool {
+	return t.roles.of(partition).Role == RoleFollower
+}
 
-// SetRole makes the mount a leader or a follower from its next step on
-// (the broker's leadership of its partitions moved). A new leader
-// continues from what the store holds: it uploads only what no broker
-// shipped.
-func (t *Tierer) SetRole(role string) error {
-	switch role {
-	case RoleLeader, RoleFollower:
-	default:
-		return fmt.Errorf("role %q: leader or follower", role)
+// SetRole makes the mount a leader or a follower of every partition, or
+// auto again (per partition, from the leadership), from its next step on
+// (by hand: the broker's leadership moved). A new leader continues from
+// what the store holds: it uploads only what no broker shipped.
+func (t *Tierer) SetRole(role Role) error {
+	if _, err := ParseRole(string(role)); err != nil {
+		return err
 	}
-	if t.isFollower.Swap(role == RoleFollower) != (role == RoleFollower) {
+	if t.roles.set(role) {
 		t.cfg.Log.Info("role changed", "role", role)
 	}
 	return nil
 }
 
-// Role is the mount's role now.
-func (t *Tierer) Role() string {
-	if t.follower() {
-		return RoleFollower
-	}
-	return RoleLeader
-}
+// Role is the mount's role now: auto, or an override.
+func (t *Tierer) Role() Role { return t.roles.get() }
+
+// PartitionRole is what the mount does with one partition now.
+func (t *Tierer) PartitionRole(partition string) PartitionRole { return t.roles.of(partition) }
 
 // Counters count what the tierer did since it started (for metrics).
 type Counters struct {
@@ -199,6 +208,16 @@ type Counters struct {
 	HydratedSegments, HydratedBytes [tiered.NumCauses]atomic.Int64
 	Moves                           [tiered.NumCauses]atomic.Int64
 	Errors                          atomic.Int64 // failed steps (each also a partition's last error or a pass's error)
+	// IndexRaces counts appends to a partition's index in the store that
+	// another broker's append beat (each cost a retry of the append, not
+	// an upload). WastedSegments and WastedBytes count uploads another
+	// broker's upload of the same offsets made needless (deleted again);
+	// OverlapBytes the bytes at the start of an upload that another
+	// broker's upload holds too (they stay in the object, unindexed,
+	// until the segment is deleted).
+	IndexRaces                  atomic.Int64
+	WastedSegments, WastedBytes atomic.Int64
+	OverlapBytes                atomic.Int64
 }
 
 // Counters are the tierer's running counts.
@@ -276,7 +295,11 @@ func New(cfg Config) (*Tierer, error) {
 		cfg.Pool = p
 	}
 	t := &Tierer{cfg: cfg, indexes: map[string]*idx.File{}, plocks: map[string]*sync.Mutex{}, lastErr: map[string]PartitionError{}, kept: map[string]string{}, shipping: map[uint64]bool{}, batchLists: map[string][]idx.BatchRef{}, busy: map[string]bool{}, moves: map[uint64]*Move{}, stop: make(chan struct{}), ready: make(chan struct{})}
-	t.isFollower.Store(cfg.Role == RoleFollower)
+	role, err := ParseRole(string(cfg.Role))
+	if err != nil {
+		return nil, err
+	}
+	t.roles = newRoles(role, cfg.Leadership, func() string { return t.cfg.Root })
 	if cfg.Root != "" && cfg.StateDir != "" {
 		t.SetRoot(cfg.Root, cfg.StateDir)
 	}
@@ -287,7 +310,7 @@ func New(cfg Config) (*Tierer, error) {
 // call it once, before RunOnce.
 func (t *Tierer) SetRoot(root, stateDir string) {
 	t.cfg.Root, t.cfg.StateDir = root, stateDir
-	t.up = &chunkxfer.Uploader{Store: t.cfg.Store, JournalDir: filepath.Join(stateDir, "journal"), ChunkSize: t.cfg.ChunkSize, Parallel: 4, Log: t.cfg.Log}
+	t.up = &chunkxfer.Uploader{Store: t.cfg.Store, JournalDir: filepath.Join(stateDir, "journal"), ChunkSize: t.cfg.ChunkSize, Parallel: 4, Log: t.cfg.Log, Broker: t.brokerID}
 	if t.cfg.ShipRate > 0 {
 		t.up.Limit = rate.NewLimiter(rate.Limit(t.cfg.ShipRate), int(min(t.cfg.ShipRate, 1<<20)))
 	}
@@ -395,6 +418,7 @@ func (t *Tierer) shipPartition(ctx context.Context, p Partition, cp Checkpoints,
 	blocked := ""
 	synced := false
 	t.noteKept(p.Name, Segment{}, "")
+	t.roles.checkEpoch(p.Name)
 	for _, seg := range p.Segments {
 		rec, has, err := readRecord(seg.Path)
 		if err != nil {
@@ -456,7 +480,7 @@ func (t *Tierer) shipPartition(ctx context.Context, p Partition, cp Checkpoints,
 		case errors.As(err, &wait):
 			rep.Waiting[reasonKind(wait.Why)]++
 			t.noteKept(p.Name, seg, wait.Why)
-			if !t.follower() {
+			if !t.follows(p.Name) {
 				// The index takes a leader's entries in order; a
 				// follower maps each segment on its own.
 				blocked = "an earlier segment waits"
@@ -596,8 +620,9 @@ func (t *Tierer) ship(ctx context.Context, seg Segment, progress chunkxfer.Progr
 		s.Base = base
 		return t.objectKey(s, &st, ".log")
 	}
-	if t.follower() && !t.maybeCovered(seg, f) {
-		return &WaitError{Why: "not in the store yet (a follower ships nothing; the leader has not shipped these offsets)"}
+	role := t.roles.of(seg.Partition)
+	if role.Role == RoleFollower && !t.maybeCovered(seg, f) {
+		return &WaitError{Why: "not in the store yet (a follower ships nothing; the leader has not shipped these offsets): " + role.Why}
 	}
 	cov, batches, err := t.cover(ctx, seg, f, keyAt)
 	if err != nil {
@@ -608,8 +633,14 @@ func (t *Tierer) ship(ctx context.Context, seg Segment, progress chunkxfer.Progr
 		return t.adopt(ctx, seg, &st, key, cov)
 	case cov.Why != "":
 		return &WaitError{Why: cov.Why}
-	case t.follower():
-		return &WaitError{Why: fmt.Sprintf("offsets from %d are not in the store yet (a follower ships nothing)", cov.Next)}
+	case role.Role == RoleFollower:
+		return &WaitError{Why: fmt.Sprintf("offsets from %d are not in the store yet (a follower ships nothing): %s", cov.Next, role.Why)}
+	case role.Role == RoleAuto && cov.OwnKey == "" && t.loadStoreState(seg.Partition).Shared:
+		// No leadership to go by, and other brokers ship this
+		// partition too: give the leader's upload time to land.
+		if wait := t.cfg.Policy.ShipAfter + graceFor(t.cfg.ShareGrace, t.brokerID()) - t.cfg.Now().Sub(seg.Mtime); wait > 0 {
+			return &WaitError{Why: fmt.Sprintf("other brokers ship this partition too: waiting %v more for their upload of offsets from %d (no --kafka-bootstrap to tell the leader)", wait.Round(time.Second), cov.Next)}
+		}
 	}
 	return t.shipRest(ctx, seg, &st, cov, batches, keyAt, progress)
 }
@@ -735,7 +766,15 @@ func (t *Tierer) shipRest(ctx context.Context, seg Segment, st *syscall.Stat_t, 
 	if err := t.putBatchList(ctx, seg, key, from, batches); err != nil {
 		return err
 	}
-	if err := t.index(ctx, seg, key, from, objBase); err != nil {
+	var covered *coveredError
+	switch err := t.index(ctx, seg, key, from, objBase, keyAt); {
+	case errors.As(err, &covered):
+		// Mapped instead; what this mount uploaded goes again.
+		t.counters.WastedSegments.Add(1)
+		t.counters.WastedBytes.Add(st.Size - from)
+		t.cfg.Log.Info("another broker shipped the same offsets first: mapping onto its copy and deleting this upload", "segment", seg.Path, "key", key, "bytes", st.Size-from)
+		return t.adopt(ctx, seg, st, key, covered.cov)
+	case err != nil:
 		return err
 	}
 	if err := writeManifestCopy(filepath.Join(t.cfg.StateDir, manRel), m); err != nil {
@@ -874,11 +913,66 @@ func writeManifestCopy(path string, m *chunkxfer.Manifest) error {
 // position from, whose first batch has offset objBase) to the
 // partition's index file (once), and ships the index file, on the
 // condition that no other broker changed it meanwhile, and the object's
-// remote indexes. A lost race takes the store's index and fails with
-// ErrIndexMoved: the next pass decides again from it.
-func (t *Tierer) index(ctx context.Context, seg Segment, key string, from, objBase int64) error {
+// remote indexes. Losing that race to another broker costs a retry of
+// the append, never an upload: the store's index is taken, and what it
+// still lacks of this object's offsets is appended again (entries that
+// point into the object past what the other broker shipped). Where the
+// other broker's upload holds every offset of the segment, the segment
+// is mapped onto it instead (*coveredError); after maxIndexTries lost
+// races it waits for the next pass (*WaitError).
+func (t *Tierer) index(ctx context.Context, seg Segment, key string, from, objBase int64, keyAt func(int64) string) error {
 	unlock := t.lockPartition(seg.Partition)
 	defer unlock()
+	at := from // where the object's entries start in the file
+	for try := 1; ; try++ {
+		err := t.appendIndex(ctx, seg, key, from, at, objBase)
+		if err == nil {
+			t.counters.OverlapBytes.Add(at - from)
+		}
+		if !errors.Is(err, ErrIndexMoved) {
+			return err
+		}
+		t.counters.IndexRaces.Add(1)
+		t.cfg.Log.Info("another broker changed the partition's index first: appending again", "segment", seg.Path, "key", key, "try", try)
+		if try == maxIndexTries {
+			return &WaitError{Why: fmt.Sprintf("lost the race to the store's index %d times (other brokers ship this partition too): appended again next pass", try)}
+		}
+		// putIndex took the store's index: what does it hold now?
+		f, err := t.indexFile(seg.Partition)
+		if err != nil {
+			return err
+		}
+		cov, _, err := t.cover(ctx, seg, f, keyAt)
+		switch {
+		case err != nil:
+			return err
+		case cov.Next < 0 && len(cov.Extents) > 0:
+			return &coveredError{cov: cov}
+		case cov.Why != "" || cov.End < at:
+			return &WaitError{Why: fmt.Sprintf("another broker changed the partition's index while this segment shipped (%s): decided again next pass", cmp.Or(cov.Why, "it holds fewer of its offsets than before"))}
+		case cov.End > at:
+			at, objBase = cov.End, cov.Next
+		}
+	}
+}
+
+// maxIndexTries is how many times index appends an object's entries
+// before it leaves the rest to the next pass.
+const maxIndexTries = 5
+
+// coveredError is an upload another broker's upload made needless while
+// it was made: the store's index holds every offset of the segment in
+// other objects.
+type coveredError struct{ cov coverage }
+
+func (e *coveredError) Error() string {
+	return "another broker shipped every offset of the segment meanwhile"
+}
+
+// appendIndex is one try of index: the entries of object key from file
+// position at on (the object starts at from), with offsets from objBase.
+// Call it with the partition locked.
+func (t *Tierer) appendIndex(ctx context.Context, seg Segment, key string, from, at, objBase int64) error {
 	f, err := t.indexFile(seg.Partition)
 	if err != nil {
 		return err
@@ -899,7 +993,7 @@ func (t *Tierer) index(ctx context.Context, seg Segment, key string, from, objBa
 		if err != nil {
 			return err
 		}
-		c, err := idx.ChunkSegment(seg.Path, io.NewSectionReader(lf, from, seg.Size-from), seg.Size-from, objBase, idx.ChunkOptions{})
+		c, err := idx.ChunkSegment(seg.Path, io.NewSectionReader(lf, at, seg.Size-at), seg.Size-at, objBase, idx.ChunkOptions{})
 		lf.Close()
 		if err != nil {
 			return err
@@ -910,7 +1004,7 @@ func (t *Tierer) index(ctx context.Context, seg Segment, key string, from, objBa
 		var es []idx.Entry
 		for _, ch := range c.Chunks {
 			e := ch.Entry
-			e.RDI = []byte(fmt.Sprintf("%s@%d", key, ch.Position))
+			e.RDI = []byte(fmt.Sprintf("%s@%d", key, at-from+ch.Position))
 			es = append(es, e)
 		}
 		if err := f.Append(es...); err != nil {
