@@ -45,6 +45,10 @@ type Manifest struct {
 	// a file's tail, shipped after another broker shipped its head).
 	From   int64     `json:"from,omitempty"`
 	Stored time.Time `json:"stored"`
+	// Broker names the broker whose mount uploaded the object (its
+	// node.id or --broker-id); empty in manifests of tierfs before 0.x
+	// and of uploads outside a broker's mount.
+	Broker string `json:"broker,omitempty"`
 }
 
 // Source identifies the local file an object was uploaded from.

@@ -39,6 +39,9 @@ type Uploader struct {
 	Settle time.Duration
 	Log    *slog.Logger
 	Now    func() time.Time // nil: time.Now
+	// Broker, when set, names the uploader in each manifest (the
+	// broker whose mount shipped the object, for tierfs status).
+	Broker func() string
 	// Limit, when set, bounds the bytes per second of all uploads (a
 	// golang.org/x/time/rate.Limiter is one); each part waits for its
 	// bytes before it is sent.
@@ -87,6 +90,13 @@ func (u *Uploader) chunkSize() int64 {
 		return u.ChunkSize
 	}
 	return DefaultChunkSize
+}
+
+func (u *Uploader) broker() string {
+	if u.Broker == nil {
+		return ""
+	}
+	return u.Broker()
 }
 
 func (u *Uploader) log() *slog.Logger {
@@ -346,7 +356,7 @@ func (t *upload) run(ctx context.Context, f *os.File) (*Manifest, error) {
 		}
 	}
 	m := &Manifest{Version: manifestVersion, Key: t.h.Key, ETag: info.ETag, Size: size, ChunkSize: cs, CRC32C: crcs,
-		Whole: compositeChecksum(crcs), Source: t.h.Source, From: t.h.From, Stored: time.Now().UTC()}
+		Whole: compositeChecksum(crcs), Source: t.h.Source, From: t.h.From, Stored: time.Now().UTC(), Broker: t.u.broker()}
 	if err := putManifest(ctx, t.u.Store, m); err != nil {
 		return nil, err
 	}
@@ -470,7 +480,7 @@ func (u *Uploader) putEmpty(ctx context.Context, key string, src Source, from in
 		return nil, err
 	}
 	m := &Manifest{Version: manifestVersion, Key: key, ETag: info.ETag, ChunkSize: u.chunkSize(),
-		Whole: compositeChecksum(nil), Source: src, From: from, Stored: time.Now().UTC()}
+		Whole: compositeChecksum(nil), Source: src, From: from, Stored: time.Now().UTC(), Broker: u.broker()}
 	return m, putManifest(ctx, u.Store, m)
 }
 
@@ -514,7 +524,7 @@ func (u *Uploader) finishCompleted(ctx context.Context, path, key string, src So
 		crcs = append(crcs, r.CRC32C)
 	}
 	m := &Manifest{Version: manifestVersion, Key: key, ETag: info.ETag, Size: size, ChunkSize: cs, CRC32C: crcs,
-		Whole: compositeChecksum(crcs), Source: src, From: from, Stored: time.Now().UTC()}
+		Whole: compositeChecksum(crcs), Source: src, From: from, Stored: time.Now().UTC(), Broker: u.broker()}
 	if err := Verify(ctx, u.Store, m); err != nil {
 		u.log().Warn("completed upload does not verify; uploading again", "key", key, "err", err)
 		return nil, nil

@@ -54,6 +54,10 @@ func Registry(t Tiering, pool *chunkxfer.Pool, log *slog.Logger) *prometheus.Reg
 		}
 		counter(reg, "tierfs_mapped_segments_total", "Segments found whole in the store, shipped by another broker, and mapped onto its objects.", c.MappedSegments.Load)
 		counter(reg, "tierfs_mapped_bytes_total", "Bytes of segments (or their heads) mapped onto another broker's objects instead of being uploaded.", c.MappedBytes.Load)
+		counter(reg, "tierfs_index_races_total", "Appends to a partition's index in the store that another broker's append beat; each cost a retry of the append, never an upload.", c.IndexRaces.Load)
+		counter(reg, "tierfs_uploads_wasted_segments_total", "Uploads made needless by another broker's upload of the same offsets (mapped onto that instead, and deleted).", c.WastedSegments.Load)
+		counter(reg, "tierfs_uploads_wasted_bytes_total", "Bytes of uploads made needless by another broker's upload of the same offsets.", c.WastedBytes.Load)
+		counter(reg, "tierfs_uploads_overlap_bytes_total", "Bytes at the head of uploads that another broker's upload holds too (kept in the object, unindexed, until the segment is deleted).", c.OverlapBytes.Load)
 		counter(reg, "tierfs_remote_delete_segments_total", "Remote copies deleted after the broker deleted their segment.", c.DeletedSegments.Load)
 		counter(reg, "tierfs_tiering_errors_total", "Failed tiering steps (ship, evict, delete); the last one of each partition is in tierfs_partition_last_error_timestamp_seconds and tierfs status.", c.Errors.Load)
 	}

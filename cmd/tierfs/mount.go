@@ -1,10 +1,6 @@
 package main
 
 import (
-	"github.com/tierfs/tierfs/control"
-	"github.com/tierfs/tierfs/internal/units"
-	"strings"
-
 	"context"
 	"errors"
 	"fmt"
@@ -15,11 +11,15 @@ import (
 	"path/filepath"
 	"runtime/debug"
 	"runtime/pprof"
+	"strings"
 	"syscall"
 	"time"
 
 	"github.com/tierfs/tierfs/chunkxfer"
+	"github.com/tierfs/tierfs/control"
 	"github.com/tierfs/tierfs/fs"
+	"github.com/tierfs/tierfs/internal/units"
+	"github.com/tierfs/tierfs/kafkalead"
 	"github.com/tierfs/tierfs/metrics"
 	"github.com/tierfs/tierfs/tiering"
 	"github.com/urfave/cli/v2"
@@ -47,7 +47,11 @@ func cmdMount() *cli.Command {
 			&cli.DurationFlag{Name: "tier-interval", Value: 30 * time.Second, Usage: "how often the tierer looks for work", EnvVars: []string{"TIERFS_TIER_INTERVAL"}},
 			&cli.IntFlag{Name: "remote-read-ahead", Value: 4, Usage: "chunks of an evicted segment fetched ahead of a sequential reader (0: none)", EnvVars: []string{"TIERFS_REMOTE_READ_AHEAD"}},
 			&cli.StringFlag{Name: "cache-bytes", Value: "256MiB", Usage: "the memory budget for every chunk of remote files: being fetched, read, fetched ahead or cached (a size: 512MiB, 2GiB, or bytes; at least one 8 MiB chunk). The Go runtime's memory limit is set to this plus 32 MiB unless GOMEMLIMIT is set", EnvVars: []string{"TIERFS_CACHE_BYTES"}},
-			&cli.StringFlag{Name: "role", Value: "leader", Usage: "leader: ship and evict this broker's segments; follower: ship nothing, free segments whose batches the leader shipped (brokers sharing --remote); reader: a read-only log dir of every segment in the store (--remote), for analytics hosts", EnvVars: []string{"TIERFS_ROLE"}},
+			&cli.StringFlag{Name: "role", Value: "auto", Usage: "auto: per partition, ship what this broker leads (with --kafka-bootstrap) and follow the rest, or without it ship what the store lacks; leader: ship every partition; follower: ship nothing, free segments whose batches other brokers shipped (brokers sharing --remote); reader: a read-only log dir of every segment in the store (--remote), for analytics hosts", EnvVars: []string{"TIERFS_ROLE"}},
+			&cli.StringSliceFlag{Name: "kafka-bootstrap", Usage: "ask this broker (host:port, the mount's own broker first; repeat or comma-separate) which partitions it leads: those ship, the others follow, and leadership moves are taken over within one --kafka-poll-interval", EnvVars: []string{"TIERFS_KAFKA_BOOTSTRAP"}},
+			&cli.StringFlag{Name: "kafka-client-properties", Usage: "a Kafka client properties file for --kafka-bootstrap: security.protocol, sasl.mechanism (PLAIN, SCRAM-SHA-256/512) and sasl.jaas.config, PEM ssl.truststore/keystore settings", EnvVars: []string{"TIERFS_KAFKA_CLIENT_PROPERTIES"}},
+			&cli.DurationFlag{Name: "kafka-poll-interval", Value: kafkalead.DefaultInterval, Usage: "how often --kafka-bootstrap is asked who leads (and at once when a partition's leader epoch moves on disk)", EnvVars: []string{"TIERFS_KAFKA_POLL_INTERVAL"}},
+			&cli.DurationFlag{Name: "share-grace", Value: time.Minute, Usage: "without --kafka-bootstrap: in a partition other brokers ship too, wait this long past --ship-after (plus a stagger of up to as long again) for their upload before uploading", EnvVars: []string{"TIERFS_SHARE_GRACE"}},
 			&cli.DurationFlag{Name: "follow-interval", Value: 10 * time.Second, Usage: "follower and reader: how often the store is looked at for new and deleted segments", EnvVars: []string{"TIERFS_FOLLOW_INTERVAL"}},
 			&cli.StringFlag{Name: "broker-id", Usage: "this broker's name among the brokers sharing --remote (default: node.id from the log dir's meta.properties)", EnvVars: []string{"TIERFS_BROKER_ID"}},
 			&cli.StringFlag{Name: "metrics-listen", Usage: "serve Prometheus metrics at http://ADDR/metrics, e.g. 127.0.0.1:9464 (default: none)", EnvVars: []string{"TIERFS_METRICS_LISTEN"}},
@@ -94,7 +98,7 @@ func runMount(c *cli.Context) error {
 	}
 	reader := false
 	switch role := c.String("role"); role {
-	case "leader":
+	case "auto", "leader":
 	case "reader":
 		reader = true
 		if c.String("remote") == "" {
@@ -120,7 +124,10 @@ func runMount(c *cli.Context) error {
 			return &exitError{code: 2, err: errors.New("--role follower needs --remote: the store its leader ships to")}
 		}
 	default:
-		return &exitError{code: 2, err: fmt.Errorf("--role %q: leader, follower or reader", role)}
+		return &exitError{code: 2, err: fmt.Errorf("--role %q: auto, leader, follower or reader", role)}
+	}
+	if len(c.StringSlice("kafka-bootstrap")) > 0 && (c.String("remote") == "" || reader) {
+		return &exitError{code: 2, err: errors.New("--kafka-bootstrap tells which partitions to ship: it needs --remote, and a reader ships nothing")}
 	}
 	remote := &remoteFiles{}
 	changes, err := newChanges(c, remote)
@@ -143,6 +150,13 @@ func runMount(c *cli.Context) error {
 			return err
 		}
 		defer cache.Close()
+		var lead *leadership
+		if len(c.StringSlice("kafka-bootstrap")) > 0 {
+			if lead, err = newLeadership(c, log); err != nil {
+				return err
+			}
+			defer lead.Close()
+		}
 		tierer, err = tiering.New(tiering.Config{
 			Store:                    st,
 			Policy:                   tiering.Policy{ShipAfter: c.Duration("ship-after")},
@@ -153,7 +167,9 @@ func runMount(c *cli.Context) error {
 			ShipRate:                 shipRate,
 			Pool:                     cache,
 			BeforeFree:               beforeFree(changes),
-			Role:                     c.String("role"),
+			Role:                     tiering.Role(c.String("role")),
+			Leadership:               lead.view(),
+			ShareGrace:               c.Duration("share-grace"),
 			StoreID:                  storeID(url),
 			BrokerID:                 c.String("broker-id"),
 			Log:                      log,
@@ -166,6 +182,12 @@ func runMount(c *cli.Context) error {
 		defer tierer.Close()
 		tier = tierer
 		remote.t = tierer
+		if lead != nil {
+			lead.node = tierer.BrokerID
+			ctx, cancel := context.WithCancel(context.Background())
+			defer cancel()
+			go lead.w.Run(ctx)
+		}
 	}
 	// Metrics listen before the mount, so a taken address fails early.
 	var ops fs.OpObserver // stays nil without metrics: requests unobserved
@@ -236,7 +258,7 @@ func runMount(c *cli.Context) error {
 			}
 			log.Info("reader: a read-only view of the store", "remote", redactURL(c.String("remote")), "partitions", rep.PartitionsListed, "segments", rep.Segments, "follow_interval", c.Duration("follow-interval"))
 			go tierer.RunMirror(ctx, c.Duration("follow-interval"))
-		} else if c.String("role") == tiering.RoleFollower {
+		} else if c.String("role") == string(tiering.RoleFollower) {
 			go tierer.Run(ctx, c.Duration("follow-interval"))
 			log.Info("follower: frees segments the leader shipped", "remote", redactURL(c.String("remote")), "follow_interval", c.Duration("follow-interval"),
 				"local_retention_bytes", sizes["local-retention-bytes"], "local_retention_age", c.Duration("local-retention-age"))

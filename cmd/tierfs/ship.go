@@ -39,22 +39,22 @@ type adoptReply struct {
 }
 
 type roleArgs struct {
-	Role string `json:"role"`
+	Role tiering.Role `json:"role"`
 }
 
 func cmdRole() *cli.Command {
 	return &cli.Command{
 		Name:      "role",
-		Usage:     "print or change a mount's role: leader (ships) or follower (maps its segments onto what the leader shipped); for a leader change of the broker",
-		ArgsUsage: "MOUNTPOINT [leader|follower]",
+		Usage:     "print or change a mount's role: auto (per partition, from --kafka-bootstrap), or by hand for every partition leader (ships) or follower (maps its segments onto what the leader shipped)",
+		ArgsUsage: "MOUNTPOINT [auto|leader|follower]",
 		Action: func(c *cli.Context) error {
 			if c.NArg() < 1 || c.NArg() > 2 {
-				return &exitError{code: 2, err: errors.New("role takes a mount point and, to change it, leader or follower")}
+				return &exitError{code: 2, err: errors.New("role takes a mount point and, to change it, auto, leader or follower")}
 			}
 			ctx, cancel := context.WithTimeout(c.Context, 10*time.Second)
 			defer cancel()
 			var reply roleArgs
-			if _, err := callMount(ctx, c.Args().First(), "role", roleArgs{Role: c.Args().Get(1)}, &reply); err != nil {
+			if _, err := callMount(ctx, c.Args().First(), "role", roleArgs{Role: tiering.Role(c.Args().Get(1))}, &reply); err != nil {
 				return err
 			}
 			fmt.Fprintln(c.App.Writer, reply.Role)
@@ -155,6 +155,12 @@ func (m mountControl) Call(ctx context.Context, op string, args json.RawMessage)
 			}
 		}
 		return roleArgs{Role: m.t.Role()}, nil
+	case "partitions":
+		var a partitionsArgs
+		if err := json.Unmarshal(args, &a); err != nil {
+			return nil, err
+		}
+		return partitionInfos(m.t, a)
 	}
 	return cmCall(ctx, m.cm, m.mountpoint, op, args)
 }

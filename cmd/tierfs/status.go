@@ -1,6 +1,7 @@
 package main
 
 import (
+	"context"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -19,14 +20,20 @@ func cmdStatus() *cli.Command {
 		Name:      "status",
 		Usage:     "per partition: segments local, shipped and remote, bytes on local disk and in the store, ship lag",
 		ArgsUsage: "MOUNTPOINT|BACKING_DIR",
-		Flags:     []cli.Flag{&cli.BoolFlag{Name: "json", Usage: "print JSON (one object per partition) instead of a table"}},
+		Flags: []cli.Flag{
+			&cli.BoolFlag{Name: "json", Usage: "print JSON (one object per partition) instead of a table"},
+			&cli.BoolFlag{Name: "segments", Usage: "with --json: each shipped segment of each partition, and who shipped it (the brokers whose objects hold its bytes)"},
+		},
 		Action: func(c *cli.Context) error {
 			if c.NArg() != 1 {
 				return &exitError{code: 2, err: errors.New("status takes one argument: a tierfs mount point (or a backing directory)")}
 			}
 			root := c.Args().First()
 			if c.Bool("json") {
-				return statusJSON(c.App.Writer, root, lastErrors(root))
+				return statusJSON(c.App.Writer, root, lastErrors(root), c.Bool("segments"))
+			}
+			if c.Bool("segments") {
+				return &exitError{code: 2, err: errors.New("--segments is a part of --json")}
 			}
 			if err := status(c.App.Writer, root, time.Now(), lastErrors(root)); err != nil {
 				return err
@@ -41,18 +48,77 @@ func cmdStatus() *cli.Command {
 type partitionJSON struct {
 	tiering.PartitionSummary
 	LastError *tiering.PartitionError `json:"last_error,omitempty"`
+	*partitionInfo
 }
 
-func statusJSON(w io.Writer, root string, lastErr map[string]tiering.PartitionError) error {
+// partitionsArgs asks a mount about some of its partitions.
+type partitionsArgs struct {
+	Names    []string `json:"names"`
+	Segments bool     `json:"segments"`
+}
+
+// partitionInfo is what a mount says of one partition: its role now,
+// and who shipped its segments.
+type partitionInfo struct {
+	Role     tiering.PartitionRole `json:"role"`
+	Uploaded int                   `json:"uploaded_segments"` // segments this mount uploaded (some of)
+	Mapped   int                   `json:"mapped_segments"`   // segments mapped onto other brokers' objects alone
+	Segments []tiering.Origin      `json:"segments,omitempty"`
+}
+
+func partitionInfos(t *tiering.Tierer, a partitionsArgs) (map[string]partitionInfo, error) {
+	out := make(map[string]partitionInfo, len(a.Names))
+	for _, name := range a.Names {
+		p := partitionInfo{Role: t.PartitionRole(name)}
+		os, err := t.Origins(name)
+		if err != nil {
+			return nil, err
+		}
+		for _, o := range os {
+			if o.Uploaded {
+				p.Uploaded++
+			} else {
+				p.Mapped++
+			}
+		}
+		if a.Segments {
+			p.Segments = os
+		}
+		out[name] = p
+	}
+	return out, nil
+}
+
+// partitionInfos asks the mount at mountpoint about the partitions of
+// sums; nil when it does not answer.
+func askPartitions(mountpoint string, sums []tiering.PartitionSummary, segments bool) map[string]partitionInfo {
+	a := partitionsArgs{Segments: segments}
+	for _, s := range sums {
+		a.Names = append(a.Names, s.Name)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	var out map[string]partitionInfo
+	if _, err := callMount(ctx, mountpoint, "partitions", a, &out); err != nil {
+		return nil
+	}
+	return out
+}
+
+func statusJSON(w io.Writer, root string, lastErr map[string]tiering.PartitionError, segments bool) error {
 	sums, err := tiering.Summarize(root, segmentState)
 	if err != nil {
 		return err
 	}
+	infos := askPartitions(root, sums, segments)
 	out := make([]partitionJSON, 0, len(sums))
 	for _, s := range sums {
 		p := partitionJSON{PartitionSummary: s}
 		if e, ok := lastErr[s.Name]; ok {
 			p.LastError = &e
+		}
+		if in, ok := infos[s.Name]; ok {
+			p.partitionInfo = &in
 		}
 		out = append(out, p)
 	}
@@ -86,11 +152,12 @@ func status(w io.Writer, root string, now time.Time, lastErr map[string]tiering.
 	if err != nil {
 		return err
 	}
+	infos := askPartitions(root, sums, false)
 	tw := tabwriter.NewWriter(w, 2, 8, 2, ' ', tabwriter.AlignRight)
-	fmt.Fprintln(tw, "PARTITION\tSEGMENTS\tLOCAL\tSHIPPED\tREMOTE\tON_DISK\tIN_STORE\tOLDEST_LOCAL\tSHIP_LAG\t  LAST_ERROR")
+	fmt.Fprintln(tw, "PARTITION\tROLE\tSEGMENTS\tLOCAL\tSHIPPED\tREMOTE\tON_DISK\tIN_STORE\tOLDEST_LOCAL\tSHIP_LAG\t  LAST_ERROR")
 	var tot tiering.PartitionSummary
 	for _, s := range sums {
-		fmt.Fprintf(tw, "%s\t%d\t%d\t%d\t%d\t%s\t%s\t%s\t%s\t  %s\n", s.Name, s.Segments, s.Local, s.Shipped, s.Remote,
+		fmt.Fprintf(tw, "%s\t%s\t%d\t%d\t%d\t%d\t%s\t%s\t%s\t%s\t  %s\n", s.Name, roleCell(infos, s.Name), s.Segments, s.Local, s.Shipped, s.Remote,
 			bytesHuman(s.OnDisk), bytesHuman(s.InStore), age(now, s.OldestLocal), age(now, s.OldestUnshipped), errorCell(now, lastErr[s.Name]))
 		tot.Segments += s.Segments
 		tot.Local += s.Local
@@ -99,8 +166,25 @@ func status(w io.Writer, root string, now time.Time, lastErr map[string]tiering.
 		tot.OnDisk += s.OnDisk
 		tot.InStore += s.InStore
 	}
-	fmt.Fprintf(tw, "total\t%d\t%d\t%d\t%d\t%s\t%s\t\t\t\n", tot.Segments, tot.Local, tot.Shipped, tot.Remote, bytesHuman(tot.OnDisk), bytesHuman(tot.InStore))
+	fmt.Fprintf(tw, "total\t\t%d\t%d\t%d\t%d\t%s\t%s\t\t\t\n", tot.Segments, tot.Local, tot.Shipped, tot.Remote, bytesHuman(tot.OnDisk), bytesHuman(tot.InStore))
 	return tw.Flush()
+}
+
+// roleCell is a partition's role in the table: "leader e7" (the
+// broker leads it, in leader epoch 7), "follower 2 e7" (broker 2 leads
+// it), "follower", "leader" or "auto" (by hand, or no leadership known),
+// "-" when no mount answered.
+func roleCell(infos map[string]partitionInfo, name string) string {
+	in, ok := infos[name]
+	switch {
+	case !ok:
+		return "-"
+	case in.Role.Lead == nil:
+		return string(in.Role.Role)
+	case in.Role.Lead.Self:
+		return fmt.Sprintf("leader e%d", in.Role.Lead.Epoch)
+	}
+	return fmt.Sprintf("follower %d e%d", in.Role.Lead.Leader, in.Role.Lead.Epoch)
 }
 
 // errorCell is "<age> ago: <error>", or, with no error, why a segment

@@ -37,8 +37,9 @@ func TestStatus(t *testing.T) {
 	if len(lines) != 4 {
 		t.Fatalf("status:\n%s", out.String())
 	}
-	// t-0: 4 segments, 2 local (the unflushed one and the active one), 0 shipped, 2 remote.
-	if f := strings.Fields(lines[1]); f[0] != "t-0" || f[1] != "4" || f[2] != "2" || f[3] != "0" || f[4] != "2" {
+	// t-0: no role (no mount answered), 4 segments, 2 local (the
+	// unflushed one and the active one), 0 shipped, 2 remote.
+	if f := strings.Fields(lines[1]); f[0] != "t-0" || f[1] != "-" || f[2] != "4" || f[3] != "2" || f[4] != "0" || f[5] != "2" {
 		t.Fatalf("status line %q", lines[1])
 	}
 	if !strings.HasSuffix(lines[1], " kept local: 00000000000000000100.log: not in the store yet") || !strings.HasSuffix(lines[2], "1m0s ago: ship t-1/x.log: store down") {
@@ -73,5 +74,19 @@ func TestStatusSaysWhatBroughtSegmentsBack(t *testing.T) {
 	printReturns(&out, nil) // the mount did not answer
 	if out.Len() != 0 {
 		t.Errorf("printed %q for a mount that did not answer", out.String())
+	}
+}
+
+func TestRoleCell(t *testing.T) {
+	infos := map[string]partitionInfo{
+		"a-0": {Role: tiering.PartitionRole{Role: tiering.RoleLeader, Lead: &tiering.Lead{Leader: 3, Epoch: 7, Self: true}}},
+		"a-1": {Role: tiering.PartitionRole{Role: tiering.RoleFollower, Lead: &tiering.Lead{Leader: 2, Epoch: 5}}},
+		"a-2": {Role: tiering.PartitionRole{Role: tiering.RoleAuto}},
+		"a-3": {Role: tiering.PartitionRole{Role: tiering.RoleFollower}},
+	}
+	for name, want := range map[string]string{"a-0": "leader e7", "a-1": "follower 2 e5", "a-2": "auto", "a-3": "follower", "b-0": "-"} {
+		if got := roleCell(infos, name); got != want {
+			t.Errorf("%s: %q, want %q", name, got, want)
+		}
 	}
 }
