@@ -9,6 +9,7 @@ import (
 	"fmt"
 	"os"
 	"regexp"
+	"strconv"
 	"strings"
 
 	"github.com/twmb/franz-go/pkg/kgo"
@@ -27,34 +28,126 @@ func ReadProperties(path string) (map[string]string, error) {
 	return ParseProperties(path, data)
 }
 
-// ParseProperties parses properties text; name is for errors.
+// ParseProperties parses properties text; name is for errors. Escapes
+// in keys and values are read as Java reads them (\n, \t, \r, \f,
+// \uXXXX, and a backslash before any other character is that
+// character), and a line ending in an odd number of backslashes goes on
+// in the next, its leading blanks dropped.
 func ParseProperties(name string, data []byte) (map[string]string, error) {
 	out := map[string]string{}
 	sc := bufio.NewScanner(bytes.NewReader(data))
 	sc.Buffer(make([]byte, 64<<10), 1<<20)
-	line, cont := 0, ""
+	line, first, cont := 0, 0, ""
 	for sc.Scan() {
 		line++
 		s := strings.TrimLeft(sc.Text(), " \t\f")
 		if cont == "" && (s == "" || s[0] == '#' || s[0] == '!') {
 			continue
 		}
-		if strings.HasSuffix(s, `\`) && !strings.HasSuffix(s, `\\`) {
-			cont += strings.TrimSuffix(s, `\`)
+		if cont == "" {
+			first = line
+		}
+		if n := len(s) - len(strings.TrimRight(s, `\`)); n%2 == 1 {
+			cont += s[:len(s)-1]
 			continue
 		}
 		s, cont = cont+s, ""
-		i := strings.IndexAny(s, "=:")
-		if i < 0 {
-			return nil, fmt.Errorf("%s: line %d: %q is not key=value", name, line, s)
+		k, v, err := splitProperty(s)
+		if err != nil {
+			return nil, fmt.Errorf("%s: line %d: %w", name, first, err)
 		}
-		k, v := strings.TrimSpace(s[:i]), strings.TrimSpace(s[i+1:])
-		if k == "" {
-			return nil, fmt.Errorf("%s: line %d: no key", name, line)
+		out[k] = v
+	}
+	if cont != "" {
+		k, v, err := splitProperty(cont)
+		if err != nil {
+			return nil, fmt.Errorf("%s: line %d: %w", name, first, err)
 		}
 		out[k] = v
 	}
 	return out, sc.Err()
+}
+
+// splitProperty splits a logical line at its first unescaped =, : or
+// blank (a key alone has an empty value), and unescapes both sides.
+func splitProperty(s string) (string, string, error) {
+	i := 0
+	for ; i < len(s); i++ {
+		if s[i] == '\\' {
+			i++
+			continue
+		}
+		if s[i] == '=' || s[i] == ':' || s[i] == ' ' || s[i] == '\t' {
+			break
+		}
+	}
+	k := unescape(s[:i])
+	rest := strings.TrimLeft(s[i:], " \t\f")
+	if rest != "" && (rest[0] == '=' || rest[0] == ':') {
+		rest = strings.TrimLeft(rest[1:], " \t\f")
+	}
+	if k == "" {
+		return "", "", errors.New("no key")
+	}
+	return k, unescape(strings.TrimRight(rest, " \t\f")), nil
+}
+
+func unescape(s string) string {
+	if !strings.Contains(s, `\`) {
+		return s
+	}
+	var b strings.Builder
+	for i := 0; i < len(s); i++ {
+		c := s[i]
+		if c != '\\' || i+1 == len(s) {
+			b.WriteByte(c)
+			continue
+		}
+		i++
+		switch c = s[i]; c {
+		case 'n':
+			b.WriteByte('\n')
+		case 't':
+			b.WriteByte('\t')
+		case 'r':
+			b.WriteByte('\r')
+		case 'f':
+			b.WriteByte('\f')
+		case 'u':
+			if i+4 < len(s) {
+				if r, err := strconv.ParseUint(s[i+1:i+5], 16, 16); err == nil {
+					b.WriteRune(rune(r))
+					i += 4
+					continue
+				}
+			}
+			b.WriteByte(c)
+		default:
+			b.WriteByte(c)
+		}
+	}
+	return b.String()
+}
+
+// pemBlock matches one PEM block written on one line or several, as an
+// inline ssl.*.certificates value joined by line continuations is.
+var pemBlock = regexp.MustCompile(`-----BEGIN ([A-Z ]+)-----([A-Za-z0-9+/=\s]*)-----END ([A-Z ]+)-----`)
+
+// normalizePEM rewrites PEM blocks whose lines were joined (an inline
+// value) into PEM that encoding/pem reads.
+func normalizePEM(b []byte) []byte {
+	return pemBlock.ReplaceAllFunc(b, func(m []byte) []byte {
+		sub := pemBlock.FindSubmatch(m)
+		body := strings.Join(strings.Fields(string(sub[2])), "")
+		var out strings.Builder
+		fmt.Fprintf(&out, "-----BEGIN %s-----\n", sub[1])
+		for len(body) > 64 {
+			out.WriteString(body[:64] + "\n")
+			body = body[64:]
+		}
+		fmt.Fprintf(&out, "%s\n-----END %s-----\n", body, sub[3])
+		return []byte(out.String())
+	})
 }
 
 // jaasOption is one key="value" of a sasl.jaas.config.
@@ -130,7 +223,7 @@ func tlsConfig(props map[string]string) (*tls.Config, error) {
 			return nil, fmt.Errorf("%s %q: tierfs reads PEM stores only (convert with keytool and openssl)", k, t)
 		}
 	}
-	pem := []byte(props["ssl.truststore.certificates"])
+	pem := normalizePEM([]byte(props["ssl.truststore.certificates"]))
 	if p := props["ssl.truststore.location"]; p != "" {
 		b, err := os.ReadFile(p)
 		if err != nil {
@@ -145,7 +238,7 @@ func tlsConfig(props map[string]string) (*tls.Config, error) {
 		}
 		c.RootCAs = pool
 	}
-	chain, key := []byte(props["ssl.keystore.certificate.chain"]), []byte(props["ssl.keystore.key"])
+	chain, key := normalizePEM([]byte(props["ssl.keystore.certificate.chain"])), normalizePEM([]byte(props["ssl.keystore.key"]))
 	if p := props["ssl.keystore.location"]; p != "" {
 		b, err := os.ReadFile(p)
 		if err != nil {

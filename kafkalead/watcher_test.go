@@ -199,12 +199,18 @@ func TestClientOptionsRefuses(t *testing.T) {
 			t.Errorf("%q: %v, want an error about %s", c.props, err, c.want)
 		}
 	}
-	if _, err := ParseProperties("p", []byte("no separator here\n")); err == nil || !strings.Contains(err.Error(), "line 1") {
-		t.Errorf("a line that is not key=value: %v", err)
+	if _, err := ParseProperties("p", []byte("a=1\n= no key\n")); err == nil || !strings.Contains(err.Error(), "line 2") {
+		t.Errorf("a line with no key: %v", err)
 	}
-	props, err := ParseProperties("p", []byte("# comment\n! also\n  a = 1\nb:2\nc=x\\\n  y\nclient.id=ignored\n"))
-	if err != nil || props["a"] != "1" || props["b"] != "2" || props["c"] != "xy" {
-		t.Fatalf("%v %v", props, err)
+	props, err := ParseProperties("p", []byte("# comment\n! also\n  a = 1\nb:2\nc=x\\\n  y\nd e f\nlone\nesc\\=aped=tab\\there\\u0041\\\\\nclient.id=ignored\n"))
+	want := map[string]string{"a": "1", "b": "2", "c": "xy", "d": "e f", "lone": "", "esc=aped": "tab\there" + "A\\", "client.id": "ignored"}
+	if err != nil || len(props) != len(want) {
+		t.Fatalf("%q %v", props, err)
+	}
+	for k, v := range want {
+		if props[k] != v {
+			t.Errorf("%s: %q, want %q", k, props[k], v)
+		}
 	}
 	if opts, err := ClientOptions(props); err != nil || len(opts) != 0 {
 		t.Fatalf("plaintext: %d options, %v", len(opts), err)

@@ -208,7 +208,11 @@ func (t *Tierer) putIndex(ctx context.Context, partition string, f *idx.File) er
 	if errors.Is(err, store.ErrPrecondition) {
 		// What this mount appended is dropped; the next pass decides
 		// again from the store's index.
-		if _, serr := t.syncIndex(ctx, partition); serr != nil {
+		if _, serr := t.syncIndex(ctx, partition); errors.Is(serr, store.ErrPrecondition) {
+			// It changed again between its HEAD and GET: another race,
+			// taken at the next try.
+			t.cfg.Log.Debug("the store's index changed while it was read", "partition", partition)
+		} else if serr != nil {
 			t.cfg.Log.Warn("cannot read the store's index after losing a race to it", "partition", partition, "err", serr)
 		}
 		return fmt.Errorf("%s: %w", partition, ErrIndexMoved)

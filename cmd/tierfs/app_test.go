@@ -17,6 +17,9 @@ func TestMainRejectsBadArguments(t *testing.T) {
 		{[]string{"tierfs", "--log-level", "loud", "mount", "/x"}, 2, "--log-level"},
 		{[]string{"tierfs", "--log-format", "xml", "mount", "/x"}, 2, "--log-format"},
 		{[]string{"tierfs", "umount", "/"}, 1, "not a tierfs mount"},
+		{[]string{"tierfs", "mount", "--kafka-bootstrap", "127.0.0.1:9092", "/x"}, 2, "needs --remote"},
+		{[]string{"tierfs", "mount", "--role", "boss", "/x"}, 2, "auto, leader, follower or reader"},
+		{[]string{"tierfs", "mount", "--remote", "file:///nonexistent-store", "--kafka-bootstrap", "127.0.0.1:9092", "--kafka-client-properties", "/nonexistent.properties", "/x"}, 2, "--kafka-client-properties"},
 	}
 	for _, c := range cases {
 		err := Main(c.args)

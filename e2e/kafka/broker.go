@@ -58,6 +58,9 @@ type Options struct {
 	// FileLimit, when set, is the broker's open-file limit (soft and
 	// hard, set with prlimit), as a systemd LimitNOFILE would be.
 	FileLimit int
+	// Port, when set, is the broker's client port (StartQuorum), known
+	// before it starts: a mount of its log dir can be told it.
+	Port int
 }
 
 // Broker is a running (or stopped) broker process.
@@ -128,13 +131,7 @@ func StartCluster(opts []Options) ([]*Broker, error) {
 	if why := Available(); why != "" {
 		return nil, errors.New(why)
 	}
-	// A cluster id that starts with "-" would read as an option.
-	clusterID := "-"
-	for strings.HasPrefix(clusterID, "-") {
-		var id [16]byte
-		rand.Read(id[:])
-		clusterID = base64.RawURLEncoding.EncodeToString(id[:])
-	}
+	clusterID := newClusterID()
 	cport, err := freePort()
 	if err != nil {
 		return nil, err
@@ -166,8 +163,79 @@ func start(opts Options, node, cport int, clusterID string) (*Broker, error) {
 		props["process.roles"] = "broker"
 		props["listeners"] = fmt.Sprintf("PLAINTEXT://127.0.0.1:%d", port)
 	}
-	props["advertised.listeners"] = fmt.Sprintf("PLAINTEXT://127.0.0.1:%d", port)
 	props["controller.quorum.voters"] = fmt.Sprintf("1@127.0.0.1:%d", cport)
+	br, err := configure(opts, port, props, clusterID)
+	if err != nil {
+		return nil, err
+	}
+	return br, br.Restart()
+}
+
+// StartQuorum starts a cluster of len(opts) nodes that are each a broker
+// and a controller (a KRaft quorum of len(opts) voters), node ids 1.. in
+// order. They start at once: none serves before a majority is up.
+func StartQuorum(opts []Options) ([]*Broker, error) {
+	if why := Available(); why != "" {
+		return nil, errors.New(why)
+	}
+	clusterID := newClusterID()
+	ports, cports := make([]int, len(opts)), make([]int, len(opts))
+	var voters []string
+	for i := range opts {
+		var err error
+		if ports[i] = opts[i].Port; ports[i] == 0 {
+			if ports[i], err = freePort(); err != nil {
+				return nil, err
+			}
+		}
+		if cports[i], err = freePort(); err != nil {
+			return nil, err
+		}
+		voters = append(voters, fmt.Sprintf("%d@127.0.0.1:%d", i+1, cports[i]))
+	}
+	var brs []*Broker
+	for i, o := range opts {
+		props := Defaults()
+		props["node.id"] = fmt.Sprint(i + 1)
+		props["listeners"] = fmt.Sprintf("PLAINTEXT://127.0.0.1:%d,CONTROLLER://127.0.0.1:%d", ports[i], cports[i])
+		props["controller.quorum.voters"] = strings.Join(voters, ",")
+		br, err := configure(o, ports[i], props, clusterID)
+		if err != nil {
+			return nil, err
+		}
+		brs = append(brs, br)
+	}
+	errs := make([]error, len(brs))
+	var wg sync.WaitGroup
+	for i, br := range brs {
+		wg.Add(1)
+		go func() { defer wg.Done(); errs[i] = br.Restart() }()
+	}
+	wg.Wait()
+	if err := errors.Join(errs...); err != nil {
+		for _, br := range brs {
+			br.Kill()
+		}
+		return nil, err
+	}
+	return brs, nil
+}
+
+func newClusterID() string {
+	// A cluster id that starts with "-" would read as an option.
+	clusterID := "-"
+	for strings.HasPrefix(clusterID, "-") {
+		var id [16]byte
+		rand.Read(id[:])
+		clusterID = base64.RawURLEncoding.EncodeToString(id[:])
+	}
+	return clusterID
+}
+
+// configure writes a node's server.properties (props, then opts.Props
+// over them) and formats its storage; the broker is not started.
+func configure(opts Options, port int, props map[string]string, clusterID string) (*Broker, error) {
+	props["advertised.listeners"] = fmt.Sprintf("PLAINTEXT://127.0.0.1:%d", port)
 	props["log.dirs"] = opts.LogDir
 	props["metadata.log.dir"] = opts.MetadataDir
 	for k, v := range opts.Props {
@@ -197,7 +265,7 @@ func start(opts Options, node, cport int, clusterID string) (*Broker, error) {
 	if err != nil {
 		return nil, fmt.Errorf("format: %v\n%s", err, out)
 	}
-	return br, br.Restart()
+	return br, nil
 }
 
 const log4j = `status = warn

@@ -27,6 +27,9 @@ type Stream struct {
 	// Keys, when set, makes keys repeat: record i has key i % Keys (for
 	// compacted topics). Zero gives every record its own key.
 	Keys int
+	// Partition is the partition the stream is produced to (the same
+	// records in each partition of a topic).
+	Partition int32
 }
 
 func (s Stream) key(i int) []byte {
@@ -48,6 +51,7 @@ func (s Stream) Record(i int) *kgo.Record {
 	copy(v[s.Size/2:], bytes.Repeat(pat, (s.Size+1)/2/len(pat)+1))
 	return &kgo.Record{
 		Topic:     s.Topic,
+		Partition: s.Partition,
 		Key:       s.key(i),
 		Value:     v,
 		Timestamp: time.UnixMilli(TSBase + int64(i)),
@@ -83,8 +87,8 @@ func sameHeaders(a, b []kgo.RecordHeader) bool {
 	return true
 }
 
-// Produce writes records [from, to) of s to partition 0 and waits until
-// all are acknowledged.
+// Produce writes records [from, to) of s to its partition (with
+// ProducerOpts' manual partitioner) and waits until all are acknowledged.
 func Produce(ctx context.Context, c *kgo.Client, s Stream, from, to int) error {
 	failed := make(chan error, 1) // the first failure
 	for i := from; i < to; i++ {
@@ -129,9 +133,9 @@ type ConsumeOptions struct {
 	Unchecked bool
 }
 
-// Consume reads partition 0 of s.Topic from offset 0 with c (made with
-// ConsumerOpts) until it has read the record before offset end; each
-// record is checked against s.
+// Consume reads s's partition of s.Topic from offset 0 with c (made with
+// ConsumerOpts, or PartitionConsumerOpts) until it has read the record
+// before offset end; each record is checked against s.
 func Consume(ctx context.Context, c *kgo.Client, s Stream, end int, o ConsumeOptions) (Consumed, error) {
 	var out Consumed
 	h := sha256.New()
@@ -192,8 +196,17 @@ func ConsumerOpts(s Stream) []kgo.Opt {
 	}
 }
 
+// PartitionConsumerOpts are the options of a consumer that reads s's
+// partition alone from the start, in no group.
+func PartitionConsumerOpts(s Stream) []kgo.Opt {
+	return []kgo.Opt{
+		kgo.ConsumePartitions(map[string]map[int32]kgo.Offset{s.Topic: {s.Partition: kgo.NewOffset().AtStart()}}),
+		kgo.FetchMaxBytes(16 << 20),
+	}
+}
+
 // ProducerOpts are the options of a producer of streams: every record to
-// partition 0, batches as a busy producer makes them.
+// its stream's partition, batches as a busy producer makes them.
 func ProducerOpts() []kgo.Opt {
 	return []kgo.Opt{kgo.ProducerLinger(5 * time.Millisecond), kgo.RecordPartitioner(kgo.ManualPartitioner())}
 }
