@@ -11,6 +11,7 @@ import (
 	"sort"
 	"strconv"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -115,8 +116,13 @@ func TestKafkaClusterLeadership(t *testing.T) {
 		nodes[i].br = br
 	}
 	t.Cleanup(func() {
+		var wg sync.WaitGroup
 		for _, n := range nodes {
-			n.br.Stop()
+			wg.Add(1)
+			go func() { defer wg.Done(); n.br.Stop() }()
+		}
+		wg.Wait()
+		for _, n := range nodes {
 			if t.Failed() {
 				log := n.br.Log()
 				if len(log) > 8000 {

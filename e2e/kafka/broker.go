@@ -193,28 +193,29 @@ func StartQuorum(opts []Options) ([]*Broker, error) {
 		}
 		voters = append(voters, fmt.Sprintf("%d@127.0.0.1:%d", i+1, cports[i]))
 	}
-	var brs []*Broker
+	// Formatted and started at once (each format is a JVM start).
+	brs := make([]*Broker, len(opts))
+	errs := make([]error, len(opts))
+	var wg sync.WaitGroup
 	for i, o := range opts {
 		props := Defaults()
 		props["node.id"] = fmt.Sprint(i + 1)
 		props["listeners"] = fmt.Sprintf("PLAINTEXT://127.0.0.1:%d,CONTROLLER://127.0.0.1:%d", ports[i], cports[i])
 		props["controller.quorum.voters"] = strings.Join(voters, ",")
-		br, err := configure(o, ports[i], props, clusterID)
-		if err != nil {
-			return nil, err
-		}
-		brs = append(brs, br)
-	}
-	errs := make([]error, len(brs))
-	var wg sync.WaitGroup
-	for i, br := range brs {
 		wg.Add(1)
-		go func() { defer wg.Done(); errs[i] = br.Restart() }()
+		go func() {
+			defer wg.Done()
+			if brs[i], errs[i] = configure(o, ports[i], props, clusterID); errs[i] == nil {
+				errs[i] = brs[i].Restart()
+			}
+		}()
 	}
 	wg.Wait()
 	if err := errors.Join(errs...); err != nil {
 		for _, br := range brs {
-			br.Kill()
+			if br != nil {
+				br.Kill()
+			}
 		}
 		return nil, err
 	}
