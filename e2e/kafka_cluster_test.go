@@ -194,6 +194,23 @@ func TestKafkaClusterLeadership(t *testing.T) {
 		}
 		return out
 	}
+	// onlyLeadersUploaded checks that, between two counts of the
+	// segments each mount uploaded, each partition's leader (lead)
+	// uploaded some and no other mount any.
+	onlyLeadersUploaded := func(when string, before, after map[int32]map[string]int, lead map[string]int32) {
+		t.Helper()
+		for p := range parts {
+			for _, n := range nodes {
+				grew := after[n.id][name(p)] > before[n.id][name(p)]
+				if grew && lead[name(p)] != n.id {
+					t.Errorf("%s: broker %d's mount uploaded %s (led by %d)", when, n.id, name(p), lead[name(p)])
+				}
+				if !grew && lead[name(p)] == n.id {
+					t.Errorf("%s: broker %d's mount, %s's leader, uploaded none of it", when, n.id, name(p))
+				}
+			}
+		}
+	}
 	// waitShipped waits until every partition's store index reaches
 	// offset end-1 lag (the leaders shipped what rolled) and every live
 	// mount's copy of each partition is evicted or mapped but for its
@@ -306,17 +323,7 @@ func TestKafkaClusterLeadership(t *testing.T) {
 	waitShipped(n2 * 7 / 10)
 	phase("phase 2 shipped")
 	up2 := uploaded()
-	for p := range parts {
-		for _, n := range nodes {
-			grew := up2[n.id][name(p)] > up1[n.id][name(p)]
-			if grew && lead2[name(p)] != n.id {
-				t.Errorf("after the kill: broker %d's mount uploaded %s (led by %d)", n.id, name(p), lead2[name(p)])
-			}
-			if !grew && lead2[name(p)] == n.id {
-				t.Errorf("after the kill: broker %d's mount, %s's new leader, uploaded none of it", n.id, name(p))
-			}
-		}
-	}
+	onlyLeadersUploaded("after the kill", up1, up2, lead2)
 
 	// 3. Broker 1 starts again, catches up, and a preferred-leader
 	// election gives it its partitions back.
@@ -336,19 +343,7 @@ func TestKafkaClusterLeadership(t *testing.T) {
 	produceAll(nodes[1], n2, n3)
 	waitShipped(n3 * 7 / 10)
 	phase("phase 3 shipped")
-	up3 := uploaded()
-	lead3 := leaders()
-	for p := range parts {
-		for _, n := range nodes {
-			grew := up3[n.id][name(p)] > up2[n.id][name(p)]
-			if grew && lead3[name(p)] != n.id {
-				t.Errorf("after the election: broker %d's mount uploaded %s (led by %d)", n.id, name(p), lead3[name(p)])
-			}
-			if !grew && lead3[name(p)] == n.id {
-				t.Errorf("after the election: broker %d's mount, %s's leader, uploaded none of it", n.id, name(p))
-			}
-		}
-	}
+	onlyLeadersUploaded("after the election", up2, uploaded(), leaders())
 
 	// The store: each batch once, no gap, and the store's index holds
 	// exactly the segment objects' bytes (no object twice).

@@ -57,13 +57,7 @@ func (c *cluster) elect(partition string, leader, epoch int32) {
 }
 
 func leadTierer(t *testing.T, r *replica, s store.Store, l Leadership) *Tierer {
-	tr, err := New(Config{Root: r.root, StateDir: filepath.Join(r.root, ".tierfs"), Store: s, Leadership: l,
-		Policy: Policy{ShipAfter: 10 * time.Minute}, LocalRetentionBytes: 1, ChunkSize: 64 << 10})
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { tr.Close() })
-	return tr
+	return replicaTierer(t, r, s, func(c *Config) { c.Leadership = l })
 }
 
 // TestLeadershipPerPartition: three brokers share a store, each with
@@ -221,13 +215,9 @@ func TestSharedPartitionWaitsForTheLeader(t *testing.T) {
 	b2 := newReplica(t, "2", stream, offs, 10)
 	now := time.Now()
 	mk := func(r *replica) *Tierer {
-		tr, err := New(Config{Root: r.root, StateDir: filepath.Join(r.root, ".tierfs"), Store: s, ShareGrace: time.Hour,
-			Policy: Policy{ShipAfter: 10 * time.Minute}, ChunkSize: 64 << 10, Now: func() time.Time { return now }})
-		if err != nil {
-			t.Fatal(err)
-		}
-		t.Cleanup(func() { tr.Close() })
-		return tr
+		return replicaTierer(t, r, s, func(c *Config) {
+			c.ShareGrace, c.LocalRetentionBytes, c.Now = time.Hour, 0, func() time.Time { return now }
+		})
 	}
 	t1, t2 := mk(b1), mk(b2)
 	b1.grow(t, 20)

@@ -97,8 +97,18 @@ func (r *replica) want(i int) []byte {
 }
 
 func shareTierer(t *testing.T, r *replica, s store.Store, role Role) *Tierer {
-	tr, err := New(Config{Root: r.root, StateDir: filepath.Join(r.root, ".tierfs"), Store: s, Role: role,
-		Policy: Policy{ShipAfter: 10 * time.Minute}, LocalRetentionBytes: 1, ChunkSize: 64 << 10})
+	return replicaTierer(t, r, s, func(c *Config) { c.Role = role })
+}
+
+// replicaTierer is the tierer of a replica's log dir on store s: ship
+// after 10 minutes, keep 1 byte local, 64 KiB chunks, and what more
+// set says.
+func replicaTierer(t *testing.T, r *replica, s store.Store, set func(*Config)) *Tierer {
+	t.Helper()
+	cfg := Config{Root: r.root, StateDir: filepath.Join(r.root, ".tierfs"), Store: s,
+		Policy: Policy{ShipAfter: 10 * time.Minute}, LocalRetentionBytes: 1, ChunkSize: 64 << 10}
+	set(&cfg)
+	tr, err := New(cfg)
 	if err != nil {
 		t.Fatal(err)
 	}
