@@ -36,7 +36,7 @@ func (t *Tierer) Origins(partition string) ([]Origin, error) {
 	if err != nil {
 		return nil, err
 	}
-	self := t.brokerID()
+	self := t.BrokerID()
 	var out []Origin
 	for _, p := range paths {
 		s, err := loadShipment(t.cfg.StateDir, partition, strings.TrimSuffix(filepath.Base(p), ".json"))

@@ -151,16 +151,10 @@ type Tierer struct {
 	roles      *roles
 }
 
-// brokerID is Config.BrokerID, or else the node.id of the log dir's
-// meta.properties once the broker has written it (it does before it
-// writes any segment).
-func (t *Tierer) brokerID() string {
-	return t.BrokerID()
-}
-
 // BrokerID names this mount's broker among those sharing the store:
-// Config.BrokerID, or the node.id of the log dir's meta.properties once
-// the broker wrote it ("" before).
+// Config.BrokerID, or else the node.id of the log dir's meta.properties
+// once the broker has written it (it does before it writes any segment;
+// "" before).
 func (t *Tierer) BrokerID() string {
 	t.mu.Lock()
 	defer t.mu.Unlock()
@@ -310,7 +304,7 @@ func New(cfg Config) (*Tierer, error) {
 // call it once, before RunOnce.
 func (t *Tierer) SetRoot(root, stateDir string) {
 	t.cfg.Root, t.cfg.StateDir = root, stateDir
-	t.up = &chunkxfer.Uploader{Store: t.cfg.Store, JournalDir: filepath.Join(stateDir, "journal"), ChunkSize: t.cfg.ChunkSize, Parallel: 4, Log: t.cfg.Log, Broker: t.brokerID}
+	t.up = &chunkxfer.Uploader{Store: t.cfg.Store, JournalDir: filepath.Join(stateDir, "journal"), ChunkSize: t.cfg.ChunkSize, Parallel: 4, Log: t.cfg.Log, Broker: t.BrokerID}
 	if t.cfg.ShipRate > 0 {
 		t.up.Limit = rate.NewLimiter(rate.Limit(t.cfg.ShipRate), int(min(t.cfg.ShipRate, 1<<20)))
 	}
@@ -373,6 +367,11 @@ func (t *Tierer) RunOnce(ctx context.Context) Report {
 		rep.Errors = append(rep.Errors, err)
 		return rep
 	}
+	live := make(map[string]bool, len(parts))
+	for _, p := range parts {
+		live[p.Name] = true
+	}
+	t.roles.forget(live)
 	cp, err := ReadCheckpoints(t.cfg.Root)
 	if err != nil {
 		rep.Errors = append(rep.Errors, err)
@@ -531,7 +530,7 @@ func (t *Tierer) objectKey(seg Segment, st *syscall.Stat_t, suffix string) strin
 
 func (t *Tierer) identityKey(seg Segment, ino uint64, size, mtimeNs int64, suffix string) string {
 	h := fnv.New32a()
-	if id := t.brokerID(); id != "" {
+	if id := t.BrokerID(); id != "" {
 		// Brokers share the store: their inode numbers may meet.
 		fmt.Fprintf(h, "broker %s/", id)
 	}
@@ -638,7 +637,7 @@ func (t *Tierer) ship(ctx context.Context, seg Segment, progress chunkxfer.Progr
 	case role.Role == RoleAuto && cov.OwnKey == "" && t.loadStoreState(seg.Partition).Shared:
 		// No leadership to go by, and other brokers ship this
 		// partition too: give the leader's upload time to land.
-		if wait := t.cfg.Policy.ShipAfter + graceFor(t.cfg.ShareGrace, t.brokerID()) - t.cfg.Now().Sub(seg.Mtime); wait > 0 {
+		if wait := t.cfg.Policy.ShipAfter + graceFor(t.cfg.ShareGrace, t.BrokerID()) - t.cfg.Now().Sub(seg.Mtime); wait > 0 {
 			return &WaitError{Why: fmt.Sprintf("other brokers ship this partition too: waiting %v more for their upload of offsets from %d (no --kafka-bootstrap to tell the leader)", wait.Round(time.Second), cov.Next)}
 		}
 	}
