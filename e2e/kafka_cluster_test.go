@@ -48,11 +48,11 @@ type statusPartition struct {
 	} `json:"role"`
 	Uploaded int `json:"uploaded_segments"`
 	Mapped   int `json:"mapped_segments"`
-	Segments []struct {
+	Origins []struct {
 		Base     int64    `json:"base"`
 		Uploaded bool     `json:"uploaded"`
 		By       []string `json:"shipped_by"`
-	} `json:"segments"`
+	} `json:"origins"`
 }
 
 func (n *clusterNode) status(t *testing.T) map[string]statusPartition {
@@ -299,7 +299,10 @@ func TestKafkaClusterLeadership(t *testing.T) {
 			if !leads && s.Mapped == 0 {
 				t.Errorf("broker %d's mount mapped nothing of %s", n.id, name(p))
 			}
-			for _, seg := range s.Segments {
+			if len(s.Origins) != s.Uploaded+s.Mapped || len(s.Origins) == 0 {
+				t.Errorf("broker %d: %s: %d segments with an origin, %d uploaded and %d mapped", n.id, name(p), len(s.Origins), s.Uploaded, s.Mapped)
+			}
+			for _, seg := range s.Origins {
 				if want := fmt.Sprint(lead1[name(p)]); len(seg.By) != 1 || seg.By[0] != want {
 					t.Errorf("broker %d: segment %d of %s shipped by %v, want [%s]", n.id, seg.Base, name(p), seg.By, want)
 				}
@@ -318,6 +321,18 @@ func TestKafkaClusterLeadership(t *testing.T) {
 	})
 	lead2 := leaders()
 	phase("new leaders after the kill")
+	// Each new leader's mount takes its partitions over within a poll
+	// (1s here) of the cluster saying so.
+	moved := time.Now()
+	waitFor(t, 30*time.Second, "the new leaders' mounts leading broker 1's partitions", func() bool {
+		for _, p := range []int{0, 3} {
+			if s := nodes[lead2[name(p)]-1].status(t)[name(p)]; s.Role.Role != "leader" {
+				return false
+			}
+		}
+		return true
+	})
+	takeover := time.Since(moved)
 	const n2 = 10000
 	produceAll(nodes[1], n1, n2)
 	waitShipped(n2 * 7 / 10)
@@ -426,8 +441,8 @@ func TestKafkaClusterLeadership(t *testing.T) {
 			int(scrape(t, n.metrics, "tierfs_remote_copy_segments_total")), scrape(t, n.metrics, "tierfs_mapped_bytes_total")))
 	}
 	sort.Strings(report)
-	t.Logf("REPORT cluster: %s; all kept uploads %.0f bytes = %.3f× the store's %d bytes of segments, %.0f bytes uploaded in vain; one replica holds %d bytes (store %.3f× of it, its active segments not shipped)",
-		strings.Join(report, "; "), upTotal, upTotal/float64(storeTotal), storeTotal, wasted, replicaTotal, float64(storeTotal)/float64(replicaTotal))
+	t.Logf("REPORT cluster: mounts took over broker 1's partitions %v after the cluster named new leaders; %s; all kept uploads %.0f bytes = %.3f× the store's %d bytes of segments, %.0f bytes uploaded in vain; one replica holds %d bytes (store %.3f× of it, its active segments not shipped)",
+		takeover.Round(10*time.Millisecond), strings.Join(report, "; "), upTotal, upTotal/float64(storeTotal), storeTotal, wasted, replicaTotal, float64(storeTotal)/float64(replicaTotal))
 }
 
 // replicaBytes is a partition's log as one replica holds it: its .log

@@ -79,11 +79,16 @@ func TestMetricsAndStatusJSON(t *testing.T) {
 		Segments               int
 		Local, Shipped, Remote int
 		InStore                int64 `json:"in_store_bytes"`
+		Role                   struct{ Role, Why string }
+		Uploaded               int `json:"uploaded_segments"`
 	}
 	if err := json.Unmarshal([]byte(out), &parts); err != nil {
 		t.Fatalf("status --json: %v\n%s", err, out)
 	}
-	if len(parts) != 2 || parts[0].Partition != "orders-0" || parts[0].Segments != 5 || parts[0].Remote != 3 || parts[0].Local != 2 || parts[0].InStore <= 0 {
+	// A single mount with no --kafka-bootstrap: auto, and it uploaded
+	// what it shipped.
+	if len(parts) != 2 || parts[0].Partition != "orders-0" || parts[0].Segments != 5 || parts[0].Remote != 3 || parts[0].Local != 2 || parts[0].InStore <= 0 ||
+		parts[0].Role.Role != "auto" || parts[0].Uploaded != 3 {
 		t.Errorf("status --json: %+v", parts)
 	}
 }

@@ -80,7 +80,7 @@ func TestCommandsRefusedForOtherUsers(t *testing.T) {
 	if st := state(seg1); st != "local" {
 		t.Errorf("segment 1 is %s after nobody's commands", st)
 	}
-	if out, code := tierfs(t, nil, "role", mnt); code != 0 || strings.TrimSpace(out) != "leader" {
+	if out, code := tierfs(t, nil, "role", mnt); code != 0 || strings.TrimSpace(out) != "auto" {
 		t.Errorf("role after nobody's command: %s", out)
 	}
 	if out, code := asNobody("status", mnt); code != 0 || !strings.Contains(out, "orders-0") {

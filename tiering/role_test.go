@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"github.com/tierfs/tierfs/chunkxfer/store"
+	"github.com/tierfs/tierfs/idx"
 )
 
 // fakeLeadership is a cluster's answer, set by the test.
@@ -246,5 +247,34 @@ func TestSharedPartitionWaitsForTheLeader(t *testing.T) {
 	mustPass(t, t2)
 	if t2.Counters().ShippedSegments.Load() == 0 {
 		t.Fatal("broker 2 never uploaded once the grace was over")
+	}
+}
+
+// TestIndexChangedWhileReadIsNoError: a store index that another broker
+// changes between a follower's HEAD and GET of it is read again; one
+// that keeps changing leaves the segment waiting for the next pass, not
+// a partition's error.
+func TestIndexChangedWhileReadIsNoError(t *testing.T) {
+	s := store.NewMem(nil)
+	stream, offs, _ := fourRecordBatches(30, 0, 3000)
+	b1 := newReplica(t, "1", stream, offs, 10)
+	b2 := newReplica(t, "2", stream, offs, 10)
+	b1.grow(t, 30)
+	b2.grow(t, 30)
+	mustPass(t, shareTierer(t, b1, s, RoleLeader))
+	t2 := shareTierer(t, b2, s, RoleFollower)
+	changed := fmt.Errorf("the index changed: %w", store.ErrPrecondition)
+	s.Inject(store.Fault{Op: "get", KeyPrefix: "orders-0/" + idx.FileName, Times: maxIndexTries, Err: changed})
+	rep := mustPass(t, t2)
+	if rep.Shipped != 0 {
+		t.Fatalf("mapped %d with the index changing at every read", rep.Shipped)
+	}
+	if why := t2.LastErrors()["orders-0"]; why.Err != "" || !strings.Contains(why.Kept, "kept changing") {
+		t.Fatalf("partition's last error and reason: %+v", why)
+	}
+	s.ClearFaults()
+	s.Inject(store.Fault{Op: "get", KeyPrefix: "orders-0/" + idx.FileName, Times: maxIndexTries - 1, Err: changed})
+	if rep := mustPass(t, t2); rep.Shipped != 2 {
+		t.Fatalf("mapped %d once the index was read on the last try", rep.Shipped)
 	}
 }

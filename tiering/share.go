@@ -84,8 +84,20 @@ func (t *Tierer) saveStoreState(partition string, s storeState) error {
 
 // syncIndex makes the local copy of a partition's index the store's, if
 // the store's changed since this mount last read or wrote it; it says
-// whether it did. Call it with the partition locked.
+// whether it did. An index another broker changes between its HEAD and
+// its GET is read again (up to maxIndexTries times). Call it with the
+// partition locked.
 func (t *Tierer) syncIndex(ctx context.Context, partition string) (bool, error) {
+	for try := 1; ; try++ {
+		took, err := t.syncIndexOnce(ctx, partition)
+		if !errors.Is(err, store.ErrPrecondition) || try == maxIndexTries {
+			return took, err
+		}
+		t.cfg.Log.Debug("the store's index changed while it was read; reading it again", "partition", partition, "try", try)
+	}
+}
+
+func (t *Tierer) syncIndexOnce(ctx context.Context, partition string) (bool, error) {
 	key := partition + "/" + idx.FileName
 	st := t.loadStoreState(partition)
 	info, err := t.cfg.Store.Head(ctx, key)

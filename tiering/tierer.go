@@ -467,6 +467,14 @@ func (t *Tierer) shipPartition(ctx context.Context, p Partition, cp Checkpoints,
 			unlock := t.lockPartition(p.Name)
 			_, err := t.syncIndex(ctx, p.Name)
 			unlock()
+			if errors.Is(err, store.ErrPrecondition) {
+				// Other brokers changed it at each read: a race, not an
+				// error; the next pass reads it again.
+				rep.Waiting["the store's index kept changing while read"]++
+				t.noteKept(p.Name, seg, "the store's index kept changing while it was read: read again next pass")
+				blocked = "an earlier segment waits"
+				continue
+			}
 			if err != nil {
 				rep.Errors = append(rep.Errors, t.noteErr(p.Name, err))
 				blocked = "an earlier segment failed"

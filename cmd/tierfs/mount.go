@@ -167,7 +167,7 @@ func runMount(c *cli.Context) error {
 			ShipRate:                 shipRate,
 			Pool:                     cache,
 			BeforeFree:               beforeFree(changes),
-			Role:                     tiering.Role(c.String("role")),
+			Role:                     tierRole(c.String("role")),
 			Leadership:               lead.view(),
 			ShareGrace:               c.Duration("share-grace"),
 			StoreID:                  storeID(url),
@@ -302,6 +302,16 @@ func runMount(c *cli.Context) error {
 			return nil
 		}
 	}
+}
+
+// tierRole is the tierer's role for --role: a reader mount's tierer
+// mirrors the store and ships nothing whatever its role, so it gets the
+// default.
+func tierRole(role string) tiering.Role {
+	if role == "reader" {
+		return tiering.RoleAuto
+	}
+	return tiering.Role(role)
 }
 
 // redactURL prints a store URL for logs (it carries no secret, but a

@@ -63,7 +63,8 @@ type partitionInfo struct {
 	Role     tiering.PartitionRole `json:"role"`
 	Uploaded int                   `json:"uploaded_segments"` // segments this mount uploaded (some of)
 	Mapped   int                   `json:"mapped_segments"`   // segments mapped onto other brokers' objects alone
-	Segments []tiering.Origin      `json:"segments,omitempty"`
+	Origins  []tiering.Origin      `json:"origins,omitempty"` // with --segments
+
 }
 
 func partitionInfos(t *tiering.Tierer, a partitionsArgs) (map[string]partitionInfo, error) {
@@ -82,7 +83,7 @@ func partitionInfos(t *tiering.Tierer, a partitionsArgs) (map[string]partitionIn
 			}
 		}
 		if a.Segments {
-			p.Segments = os
+			p.Origins = os
 		}
 		out[name] = p
 	}
