@@ -48,7 +48,7 @@ type statusPartition struct {
 	} `json:"role"`
 	Uploaded int `json:"uploaded_segments"`
 	Mapped   int `json:"mapped_segments"`
-	Origins []struct {
+	Origins  []struct {
 		Base     int64    `json:"base"`
 		Uploaded bool     `json:"uploaded"`
 		By       []string `json:"shipped_by"`
