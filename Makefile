@@ -45,7 +45,8 @@ bench-tier: build
 	$(GO) run ./bench/tier -tierfs $(BIN) -size $(or $(SIZE),1GiB) -runs 3
 	$(GO) run ./bench/tierload -tierfs $(BIN) -segments 200 -size 32MiB -runs 3
 
-# A real Kafka broker: produce on a plain dir vs tierfs vs tierfs tiering; consume from 0, local vs evicted;
+# A real Kafka broker: produce on a plain dir vs tierfs vs tierfs tiering vs Kafka's own tiered storage (KIP-405,
+# Kafka 4.3.0 with LocalTieredStorage); consume from 0, local vs evicted vs from Kafka's remote storage; CPU and store bytes;
 # then its start-up with 10,000 segments (200 partitions), plain vs tierfs vs tierfs with every rolled segment evicted;
 # then a consumer catching up from 0 on 40 evicted partitions: tierfs's peak RSS against its --cache-bytes.
 bench-kafka: build

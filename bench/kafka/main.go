@@ -1,9 +1,14 @@
 // Command kafka measures a real Kafka broker on tierfs (make bench-kafka):
 // produce throughput on a plain directory, on a mount without a remote,
-// on a mount with change management (--cm) and on a mount that tiers to a
-// dir store while it takes the writes; and consumer throughput from
-// offset 0 with every segment local (plain directory, mounts) and with
-// every rolled segment evicted (mount with a remote). The brokers run at
+// on a mount with change management (--cm), on a mount that tiers to a
+// dir store while it takes the writes, and, side by side, Kafka's own
+// tiered storage (KIP-405: Kafka 4.3.0 with the LocalTieredStorage
+// remote storage manager, on a plain directory); and consumer
+// throughput from offset 0 with every segment local (plain directory,
+// mounts) and with every rolled segment's local copy gone (evicted by
+// tierfs, or deleted by Kafka after its copy to remote storage). For
+// each, the broker's CPU seconds (and the mount's) and the store's
+// bytes. The brokers run at
 // once, on a fresh file system (-fs); each run produces a topic of its
 // own on each in turn, in an order that rotates from run to run and with
 // nothing left dirty before each produce, then consumes them in turn,
@@ -30,6 +35,7 @@ import (
 
 	"github.com/tierfs/tierfs/bench/internal/benchutil"
 	"github.com/tierfs/tierfs/e2e/kafka"
+	"github.com/tierfs/tierfs/internal/procmem"
 )
 
 func main() {
@@ -70,6 +76,7 @@ func main() {
 	type config struct {
 		name   string
 		remote bool // tiers to a dir store; consumers read evicted segments
+		kip405 bool // Kafka's own tiered storage, on a plain directory
 		mount  []string
 	}
 	configs := []config{
@@ -81,6 +88,11 @@ func main() {
 		{name: "tierfs --remote (dir store), evicted", remote: true, mount: []string{
 			"--remote", "file://" + filepath.Join(dir, "remote"), "--ship-after", "1s",
 			"--local-retention-bytes", "1", "--tier-interval", "500ms"}},
+		{name: "Kafka tiered storage (KIP-405), local copies deleted", kip405: true},
+	}
+	if m, _ := filepath.Glob(filepath.Join(kafka.KIP405LibDir(), "kafka-storage-*-test.jar")); len(m) == 0 {
+		fmt.Fprintf(os.Stderr, "no Kafka tiered storage jars in %s (scripts/install-deps fetches them): measuring without it\n", kafka.KIP405LibDir())
+		configs = configs[:len(configs)-1]
 	}
 	if *only != "" {
 		re, err := regexp.Compile(*only)
@@ -96,10 +108,14 @@ func main() {
 	type setup struct {
 		config
 		logDir                              string
+		store                               string // the remote store's directory, if any
 		br                                  *kafka.Broker
+		mountPID                            int
 		metrics                             string // the mount's metrics address, with -metrics
 		streams                             []kafka.Stream
 		produceMBs, consumeMBs, consumeRecs []float64
+		brokerCPU, mountCPU                 float64 // at the start, then used
+		storeBytes                          int64
 	}
 	var setups []*setup
 	// All brokers run at once and every run measures them in turn, in an
@@ -118,12 +134,21 @@ func main() {
 				check(err)
 				env = append(env, "TIERFS_METRICS_LISTEN="+su.metrics)
 			}
-			stop, err := benchutil.Mount(tierfsBin, filepath.Join(dir, fmt.Sprint(ci), "tierfs.log"), env, append(append(append([]string{"--backing", backing}, cfg.mount...), strings.Fields(*mountFlags)...), su.logDir)...)
+			stop, pid, err := benchutil.MountProc(tierfsBin, filepath.Join(dir, fmt.Sprint(ci), "tierfs.log"), env, append(append(append([]string{"--backing", backing}, cfg.mount...), strings.Fields(*mountFlags)...), su.logDir)...)
 			check(err)
 			u.Push(stop)
+			su.mountPID = pid
+		}
+		if cfg.remote {
+			su.store = filepath.Join(dir, "remote")
 		}
 		work := filepath.Join(dir, fmt.Sprint(ci), "broker")
-		su.br, err = kafka.Start(kafka.Options{LogDir: su.logDir, MetadataDir: filepath.Join(work, "metadata"), WorkDir: work, Props: props})
+		opts := kafka.Options{LogDir: su.logDir, MetadataDir: filepath.Join(work, "metadata"), WorkDir: work, Props: props}
+		if cfg.kip405 {
+			su.store = filepath.Join(dir, fmt.Sprint(ci), "remote-storage")
+			opts.Lib, opts.Props = kafka.KIP405LibDir(), kip405Props(props, su.store)
+		}
+		su.br, err = kafka.Start(opts)
 		check(err)
 		br := su.br
 		u.Push(func() { br.Stop() })
@@ -131,12 +156,24 @@ func main() {
 	}
 	// turn is the setup measured k-th in run r.
 	turn := func(r, k int) *setup { return setups[(k+r)%len(setups)] }
+	cpu := func(su *setup) (broker, mount float64) {
+		broker, err := su.br.CPUSeconds()
+		check(err)
+		if su.mountPID != 0 {
+			mount, err = procmem.CPUSeconds(su.mountPID)
+			check(err)
+		}
+		return broker, mount
+	}
+	for _, su := range setups {
+		su.brokerCPU, su.mountCPU = cpu(su)
+	}
 	for r := range *runs {
 		for k := range setups {
 			su := turn(r, k)
 			s := kafka.Stream{Topic: fmt.Sprintf("bench-%d", r), Size: 1000}
 			su.streams = append(su.streams, s)
-			check(createTopic(su.br, s.Topic))
+			check(createTopic(su.br, s.Topic, su.kip405))
 			c, err := newClient(su.br, kafka.ProducerOpts()...)
 			check(err)
 			// Each produce starts with nothing left to write back from
@@ -161,10 +198,16 @@ func main() {
 		}
 	}
 	for _, su := range setups {
-		if su.remote {
+		switch {
+		case su.remote:
 			fmt.Fprintln(os.Stderr, "waiting for the rolled segments to be evicted")
 			for _, s := range su.streams {
 				check(benchutil.WaitFor(func() bool { return benchutil.AllEvicted(filepath.Join(su.logDir, s.Topic+"-0")) }, 10*time.Minute, s.Topic+" evicted"))
+			}
+		case su.kip405:
+			fmt.Fprintln(os.Stderr, "waiting for Kafka to copy the rolled segments to its remote storage and delete them locally")
+			for _, s := range su.streams {
+				check(benchutil.WaitFor(func() bool { return localSegments(filepath.Join(su.logDir, s.Topic+"-0")) == 1 }, 10*time.Minute, s.Topic+" deleted locally"))
 			}
 		}
 	}
@@ -191,6 +234,11 @@ func main() {
 		if p := su.br.Problems(); len(p) > 0 {
 			check(fmt.Errorf("%s: the broker logged:\n%s", su.name, strings.Join(p, "\n")))
 		}
+		b, m := cpu(su)
+		su.brokerCPU, su.mountCPU = b-su.brokerCPU, m-su.mountCPU
+		if su.store != "" {
+			su.storeBytes = dirBytes(su.store)
+		}
 	}
 	// Brokers stop before their mounts, and both before the file system.
 	u.Run()
@@ -204,14 +252,18 @@ func main() {
 		Name:  "kafka",
 		Title: "A real Kafka broker on tierfs",
 		Notes: []string{fmt.Sprintf("Kafka %s broker (KRaft, one node), log.segment.bytes %s, %s, %d records of 1 KB per topic, medians of %d runs (ratios: median of per-run ratios to the plain directory; × mount: to tierfs without a remote or cm); the brokers run at once on %s and take turns, in an order that rotates, each produce starting with nothing dirty; consume is from offset 0 with the page cache dropped, so evicted segments come from the store; %s.",
-			kafka.Version(), *segmentBytes, flushNote, *records, *runs, where, benchutil.Machine())},
-		Header:   []string{"configuration", "produce MB/s", "× plain", "× mount", "consume from 0, MB/s", "records/s", "× plain"},
+			kafka.Version(), *segmentBytes, flushNote, *records, *runs, where, benchutil.Machine()),
+			fmt.Sprintf("Kafka's own tiered storage is Kafka %s (its 4.4.0 test jar, with LocalTieredStorage, is not served) with remote.log.storage.system.enable, the LocalTieredStorage remote storage manager of the kafka-storage test jar writing to a directory on the same file system, the default topic-based metadata manager, and topics with remote.storage.enable and local.retention.bytes 1: once copied, a rolled segment's local copy is deleted, and consumers from 0 read from remote storage. CPU seconds are those of the whole measurement (every produce and consume, and what the broker and the mount did in between: shipping, copying, deleting); store MB are the .log and index bytes in the remote store or remote storage directory at the end.", kafka.VersionIn(kafka.KIP405LibDir()))},
+		Header:   []string{"configuration", "produce MB/s", "× plain", "× mount", "consume from 0, MB/s", "records/s", "× plain", "× KIP-405", "broker CPU s", "tierfs CPU s", "store MB"},
 		Versions: map[string]string{"Kafka": kafka.Version(), "versitygw": "v1.8.0"},
 	}
-	var mount *setup
+	var mount, kip *setup
 	for _, su := range setups {
-		if su.name == "tierfs, no remote" {
+		switch {
+		case su.name == "tierfs, no remote":
 			mount = su
+		case su.kip405:
+			kip = su
 		}
 	}
 	produce := benchutil.Chart{Title: "Kafka produce", Unit: "MB/s"}
@@ -221,9 +273,20 @@ func main() {
 		if mount != nil && su.mount != nil {
 			vsMount = fmt.Sprintf("%.2f", benchutil.Median(benchutil.Ratios(su.produceMBs, mount.produceMBs)))
 		}
+		mountCPU, store, vsKIP := "–", "–", "–"
+		if kip != nil && (su.remote || su.kip405) {
+			vsKIP = fmt.Sprintf("%.2f", benchutil.Median(benchutil.Ratios(su.consumeMBs, kip.consumeMBs)))
+		}
+		if su.mountPID != 0 {
+			mountCPU = fmt.Sprintf("%.1f", su.mountCPU)
+		}
+		if su.store != "" {
+			store = fmt.Sprintf("%.0f", float64(su.storeBytes)/1e6)
+		}
 		rep.Rows = append(rep.Rows, []string{su.name,
 			fmt.Sprintf("%.0f", benchutil.Median(su.produceMBs)), fmt.Sprintf("%.2f", benchutil.Median(benchutil.Ratios(su.produceMBs, base.produceMBs))), vsMount,
-			fmt.Sprintf("%.0f", benchutil.Median(su.consumeMBs)), fmt.Sprintf("%.0f", benchutil.Median(su.consumeRecs)), fmt.Sprintf("%.2f", benchutil.Median(benchutil.Ratios(su.consumeMBs, base.consumeMBs)))})
+			fmt.Sprintf("%.0f", benchutil.Median(su.consumeMBs)), fmt.Sprintf("%.0f", benchutil.Median(su.consumeRecs)), fmt.Sprintf("%.2f", benchutil.Median(benchutil.Ratios(su.consumeMBs, base.consumeMBs))), vsKIP,
+			fmt.Sprintf("%.1f", su.brokerCPU), mountCPU, store})
 		produce.Bars = append(produce.Bars, benchutil.Bar{Label: su.name, Value: benchutil.Median(su.produceMBs)})
 		consume.Bars = append(consume.Bars, benchutil.Bar{Label: su.name, Value: benchutil.Median(su.consumeMBs)})
 	}
@@ -252,13 +315,65 @@ func newClient(br *kafka.Broker, opts ...kgo.Opt) (*kgo.Client, error) {
 	return kgo.NewClient(append([]kgo.Opt{kgo.SeedBrokers(br.Addr)}, opts...)...)
 }
 
-func createTopic(br *kafka.Broker, topic string) error {
+// kip405Props are the broker's properties for Kafka's own tiered
+// storage: the LocalTieredStorage remote storage manager writing under
+// dir, the default topic-based metadata manager with one partition and
+// one replica, and the remote log manager's tasks every half second (as
+// tierfs's --tier-interval in this benchmark).
+func kip405Props(props map[string]string, dir string) map[string]string {
+	out := map[string]string{
+		"remote.log.storage.system.enable":                         "true",
+		"remote.log.storage.manager.class.name":                    "org.apache.kafka.server.log.remote.storage.LocalTieredStorage",
+		"remote.log.storage.manager.impl.prefix":                   "rsm.config.",
+		"rsm.config.dir":                                           dir,
+		"remote.log.metadata.manager.impl.prefix":                  "rlmm.config.",
+		"remote.log.metadata.manager.listener.name":                "PLAINTEXT",
+		"rlmm.config.remote.log.metadata.topic.replication.factor": "1",
+		"rlmm.config.remote.log.metadata.topic.num.partitions":     "1",
+		"remote.log.manager.task.interval.ms":                      "500",
+	}
+	for k, v := range props {
+		out[k] = v
+	}
+	return out
+}
+
+// localSegments counts the .log files of a partition dir.
+func localSegments(dir string) int {
+	m, _ := filepath.Glob(filepath.Join(dir, "*.log"))
+	return len(m)
+}
+
+// dirBytes is the size of the regular files under dir (measured before
+// the undo removes the work dir).
+func dirBytes(dir string) int64 {
+	var n int64
+	filepath.WalkDir(dir, func(_ string, d os.DirEntry, err error) error {
+		if err == nil && d.Type().IsRegular() {
+			if fi, err := d.Info(); err == nil {
+				n += fi.Size()
+			}
+		}
+		return nil
+	})
+	return n
+}
+
+// createTopic makes a one-partition topic that keeps its records; with
+// kip405, in Kafka's own tiered storage, with its local copies deleted
+// once copied.
+func createTopic(br *kafka.Broker, topic string, kip405 bool) error {
 	c, err := newClient(br)
 	if err != nil {
 		return err
 	}
 	defer c.Close()
-	res, err := kadm.NewClient(c).CreateTopic(context.Background(), 1, 1, map[string]*string{"retention.ms": kadm.StringPtr("-1")}, topic)
+	configs := map[string]*string{"retention.ms": kadm.StringPtr("-1")}
+	if kip405 {
+		configs["remote.storage.enable"] = kadm.StringPtr("true")
+		configs["local.retention.bytes"] = kadm.StringPtr("1")
+	}
+	res, err := kadm.NewClient(c).CreateTopic(context.Background(), 1, 1, configs, topic)
 	if err == nil {
 		err = res.Err
 	}

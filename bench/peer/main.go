@@ -25,6 +25,7 @@ import (
 	"time"
 
 	"github.com/tierfs/tierfs/bench/internal/benchutil"
+	"github.com/tierfs/tierfs/internal/procmem"
 	"github.com/tierfs/tierfs/peer/peertest"
 )
 
@@ -229,17 +230,9 @@ func (d *daemon) stop() {
 
 // cpu is utime+stime+cutime+cstime of the daemon, in seconds.
 func (d *daemon) cpu() float64 {
-	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", d.cmd.Process.Pid))
+	s, err := procmem.CPUSeconds(d.cmd.Process.Pid)
 	check(err)
-	// Fields after the command name in parentheses; utime is field 14.
-	f := strings.Fields(string(b[strings.LastIndexByte(string(b), ')')+2:]))
-	var ticks float64
-	for _, i := range []int{11, 12, 13, 14} {
-		v, err := strconv.ParseFloat(f[i], 64)
-		check(err)
-		ticks += v
-	}
-	return ticks / 100 // USER_HZ
+	return s
 }
 
 func freePort() int {

@@ -7,6 +7,7 @@ package kafka
 import (
 	"bufio"
 	"bytes"
+	"cmp"
 	"crypto/rand"
 	"encoding/base64"
 	"errors"
@@ -21,6 +22,8 @@ import (
 	"sync"
 	"syscall"
 	"time"
+
+	"github.com/tierfs/tierfs/internal/procmem"
 )
 
 // LibDir is where the broker's jars are: e2e/kafka/lib.
@@ -29,9 +32,17 @@ func LibDir() string {
 	return filepath.Join(filepath.Dir(file), "lib")
 }
 
+// KIP405LibDir is where the jars of Kafka 4.3.0 with the
+// LocalTieredStorage remote storage manager (its kafka-storage test jar)
+// are: e2e/kafka/kip405/lib, fetched by its pom.xml.
+func KIP405LibDir() string { return filepath.Join(filepath.Dir(LibDir()), "kip405", "lib") }
+
 // Version is the version of the Kafka jars in LibDir ("?" if none).
-func Version() string {
-	m, _ := filepath.Glob(filepath.Join(LibDir(), "kafka_2.13-*.jar"))
+func Version() string { return VersionIn(LibDir()) }
+
+// VersionIn is the version of the Kafka jars in lib ("?" if none).
+func VersionIn(lib string) string {
+	m, _ := filepath.Glob(filepath.Join(lib, "kafka_2.13-*.jar"))
 	if len(m) == 0 {
 		return "?"
 	}
@@ -61,6 +72,9 @@ type Options struct {
 	// Port, when set, is the broker's client port (StartQuorum), known
 	// before it starts: a mount of its log dir can be told it.
 	Port int
+	// Lib, when set, is the directory of the jars to run (another Kafka
+	// version: KIP405LibDir); LibDir by default.
+	Lib string
 }
 
 // Broker is a running (or stopped) broker process.
@@ -285,7 +299,7 @@ logger.state.level = WARN
 func (br *Broker) jvmArgs(main string, args ...string) []string {
 	return append([]string{"-Xmx768m", "-XX:+UseG1GC", "-Djava.awt.headless=true",
 		"-Dlog4j2.configurationFile=" + filepath.Join(br.opts.WorkDir, "log4j2.properties"),
-		"-cp", filepath.Join(LibDir(), "*"), main}, args...)
+		"-cp", filepath.Join(cmp.Or(br.opts.Lib, LibDir()), "*"), main}, args...)
 }
 
 // Restart starts the broker process again (after Stop or Kill) and waits
@@ -336,6 +350,17 @@ func (br *Broker) Restart() error {
 	case <-time.After(90 * time.Second):
 		return fmt.Errorf("broker not started after 90s:\n%s", br.Log())
 	}
+}
+
+// CPUSeconds is the CPU time the running broker process has used.
+func (br *Broker) CPUSeconds() (float64, error) {
+	br.mu.Lock()
+	cmd := br.cmd
+	br.mu.Unlock()
+	if cmd == nil {
+		return 0, errors.New("the broker never started")
+	}
+	return procmem.CPUSeconds(cmd.Process.Pid)
 }
 
 // Running says whether the broker process is alive.

@@ -3,6 +3,7 @@ package procmem
 import (
 	"os"
 	"testing"
+	"time"
 )
 
 // TestPeakRSSOfThisProcess: the peak is at least what a buffer this
@@ -26,5 +27,23 @@ func TestPeakRSSOfThisProcess(t *testing.T) {
 	_ = b[len(b)-1]
 	if _, err := PeakRSS(-1); err == nil {
 		t.Fatal("a process that does not exist has a peak")
+	}
+}
+
+func TestCPUSeconds(t *testing.T) {
+	before, err := CPUSeconds(os.Getpid())
+	if err != nil {
+		t.Fatal(err)
+	}
+	x := 0
+	for end := time.Now().Add(300 * time.Millisecond); time.Now().Before(end); {
+		x++
+	}
+	after, err := CPUSeconds(os.Getpid())
+	if err != nil || after < before+0.1 {
+		t.Fatalf("CPU seconds %v after %v of spinning 300 ms (%d): %v", after, before, x, err)
+	}
+	if _, err := CPUSeconds(1 << 30); err == nil {
+		t.Fatal("a process that is not there has CPU time")
 	}
 }
