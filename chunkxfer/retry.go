@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"hash/crc32"
 	"io"
 	"time"
 
@@ -60,12 +61,36 @@ func fetchChunkWith(ctx context.Context, policy retryPolicy, s store.Store, m *M
 			return err
 		}
 		defer rc.Close()
-		if _, err := io.ReadFull(rc, buf); err != nil {
+		got, err := readFullCRC(rc, buf)
+		if err != nil {
 			return fmt.Errorf("chunk %d of %s: %w", i, m.Key, err)
 		}
-		if got := crc32c(buf); got != m.CRC32C[i] {
+		if got != m.CRC32C[i] {
 			return fmt.Errorf("chunk %d of %s: CRC32C %08x, manifest says %08x: %w", i, m.Key, got, m.CRC32C[i], ErrChecksum)
 		}
 		return nil
 	})
+}
+
+// readFullCRC is io.ReadFull that also returns the CRC32C of buf, summed
+// as each read lands, while its bytes are still in the CPU's cache (one
+// pass over memory instead of two).
+func readFullCRC(r io.Reader, buf []byte) (uint32, error) {
+	var crc uint32
+	pos := 0
+	for pos < len(buf) {
+		n, err := r.Read(buf[pos:])
+		crc = crc32.Update(crc, castagnoli, buf[pos:pos+n])
+		pos += n
+		if err != nil {
+			if err == io.EOF && pos < len(buf) {
+				err = io.ErrUnexpectedEOF
+			}
+			if pos == len(buf) && err == io.EOF {
+				break
+			}
+			return crc, err
+		}
+	}
+	return crc, nil
 }
