@@ -40,6 +40,7 @@ type statusPartition struct {
 	} `json:"last_error"`
 	Role struct {
 		Role string `json:"role"`
+		Why  string `json:"why"`
 		Lead *struct {
 			Leader int32 `json:"leader"`
 			Epoch  int32 `json:"leader_epoch"`
@@ -57,9 +58,15 @@ type statusPartition struct {
 
 func (n *clusterNode) status(t *testing.T) map[string]statusPartition {
 	t.Helper()
-	out, code := tierfs(t, nil, "status", "--json", "--segments", n.mnt)
+	return statusOf(t, n.mnt)
+}
+
+// statusOf is tierfs status --json --segments of a mount, by partition.
+func statusOf(t *testing.T, mnt string) map[string]statusPartition {
+	t.Helper()
+	out, code := tierfs(t, nil, "status", "--json", "--segments", mnt)
 	if code != 0 {
-		t.Fatalf("status of broker %d's mount: %s", n.id, out)
+		t.Fatalf("status of %s: %s", mnt, out)
 	}
 	var ps []statusPartition
 	if err := json.Unmarshal([]byte(out), &ps); err != nil {

@@ -75,6 +75,10 @@ type Options struct {
 	// Lib, when set, is the directory of the jars to run (another Kafka
 	// version: KIP405LibDir); LibDir by default.
 	Lib string
+	// Listener, when set, is one more client listener, e.g.
+	// "SASL_PLAINTEXT://127.0.0.1:PORT" (its name is its protocol); its
+	// settings (sasl.enabled.mechanisms, listener.name.…) go in Props.
+	Listener string
 }
 
 // Broker is a running (or stopped) broker process.
@@ -251,6 +255,12 @@ func newClusterID() string {
 // over them) and formats its storage; the broker is not started.
 func configure(opts Options, port int, props map[string]string, clusterID string) (*Broker, error) {
 	props["advertised.listeners"] = fmt.Sprintf("PLAINTEXT://127.0.0.1:%d", port)
+	if l := opts.Listener; l != "" {
+		name, _, _ := strings.Cut(l, "://")
+		props["listeners"] += "," + l
+		props["advertised.listeners"] += "," + l
+		props["listener.security.protocol.map"] += "," + name + ":" + name
+	}
 	props["log.dirs"] = opts.LogDir
 	props["metadata.log.dir"] = opts.MetadataDir
 	for k, v := range opts.Props {
