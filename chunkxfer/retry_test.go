@@ -7,6 +7,7 @@ import (
 	"math/rand/v2"
 	"testing"
 	"testing/iotest"
+	"time"
 )
 
 // TestReadFullCRC: the CRC summed as reads land is the CRC of the whole
@@ -41,5 +42,39 @@ func TestReadFullCRC(t *testing.T) {
 	}
 	if _, err := readFullCRC(bytes.NewReader(nil), nil); err != nil {
 		t.Errorf("empty chunk: %v", err)
+	}
+}
+
+// TestPartBuffersAreReusedThenDropped: an upload's part buffers serve
+// the next upload (not zeroed: every part read fills them), and go once
+// no upload took one for partBufIdle.
+func TestPartBuffersAreReusedThenDropped(t *testing.T) {
+	u := &Uploader{Parallel: 2}
+	a := u.partBuf(1 << 20)
+	a[0] = 7
+	u.putPartBuf(a)
+	b := u.partBuf(1 << 19)
+	if &b[0] != &a[0] || len(b) != 1<<19 {
+		t.Fatal("a kept buffer was not reused")
+	}
+	if c := u.partBuf(1 << 20); &c[0] == &a[0] {
+		t.Fatal("a buffer handed out twice")
+	}
+	u.putPartBuf(b)
+	if big := u.partBuf(2 << 20); &big[0] == &a[0] || len(big) != 2<<20 {
+		t.Fatal("a buffer too small was handed out")
+	}
+	u.bufMu.Lock()
+	kept := len(u.bufs)
+	u.bufMu.Unlock()
+	if kept != 1 {
+		t.Fatalf("%d buffers kept", kept)
+	}
+	u.bufDrop.Reset(time.Millisecond)
+	time.Sleep(50 * time.Millisecond)
+	u.bufMu.Lock()
+	defer u.bufMu.Unlock()
+	if len(u.bufs) != 0 {
+		t.Fatalf("%d buffers kept after the idle time", len(u.bufs))
 	}
 }

@@ -42,6 +42,10 @@ type Uploader struct {
 	// Broker, when set, names the uploader in each manifest (the
 	// broker whose mount shipped the object, for tierfs status).
 	Broker func() string
+
+	bufMu   sync.Mutex
+	bufs    [][]byte    // part buffers kept for the next upload, at most Parallel; GUARDED_BY(bufMu)
+	bufDrop *time.Timer // drops them after partBufIdle unused; GUARDED_BY(bufMu)
 	// Limit, when set, bounds the bytes per second of all uploads (a
 	// golang.org/x/time/rate.Limiter is one); each part waits for its
 	// bytes before it is sent.
@@ -91,6 +95,49 @@ func (u *Uploader) chunkSize() int64 {
 	}
 	return DefaultChunkSize
 }
+
+// partBuf is a buffer for parts of size bytes: one kept from an earlier
+// upload, or a new one. A kept buffer is not zeroed: uploadPart fills
+// every byte it sends (a ReadAt of the part's whole length, or an
+// error), and a store has read a part's body before UploadPart returns.
+func (u *Uploader) partBuf(size int64) []byte {
+	u.bufMu.Lock()
+	defer u.bufMu.Unlock()
+	for i, b := range u.bufs {
+		if int64(cap(b)) >= size {
+			u.bufs = append(u.bufs[:i], u.bufs[i+1:]...)
+			return b[:size]
+		}
+	}
+	return make([]byte, size)
+}
+
+// putPartBuf keeps b for the next upload, unless Parallel are kept.
+// They are dropped once no upload took one for partBufIdle: memory
+// outside the chunk budget is held only while uploads follow each other.
+func (u *Uploader) putPartBuf(b []byte) {
+	u.bufMu.Lock()
+	defer u.bufMu.Unlock()
+	keep := u.Parallel
+	if keep <= 0 {
+		keep = 4
+	}
+	if len(u.bufs) < keep {
+		u.bufs = append(u.bufs, b)
+	}
+	if u.bufDrop == nil {
+		u.bufDrop = time.AfterFunc(partBufIdle, func() {
+			u.bufMu.Lock()
+			defer u.bufMu.Unlock()
+			u.bufs = nil
+		})
+	} else {
+		u.bufDrop.Reset(partBufIdle)
+	}
+}
+
+// partBufIdle is how long part buffers are kept unused.
+const partBufIdle = 5 * time.Second
 
 func (u *Uploader) broker() string {
 	if u.Broker == nil {
@@ -401,7 +448,8 @@ func (t *upload) uploadParts(ctx context.Context, f *os.File, todo []int32) erro
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
-			buf := make([]byte, t.h.ChunkSize)
+			buf := t.u.partBuf(t.h.ChunkSize)
+			defer t.u.putPartBuf(buf)
 			for n := range next {
 				if err := t.uploadPart(ctx, f, n, buf); err != nil {
 					cancel(err)
