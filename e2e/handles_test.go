@@ -73,6 +73,16 @@ func TestHandlesOpenAcrossEviction(t *testing.T) {
 				t.Fatalf("evicted, but %d bytes still allocated", a)
 			}
 			checkReads(t, "the creating descriptor after eviction", created, data[0])
+			// That descriptor wrote the file while it was local; a write
+			// through it now finds it evicted (the mount must not trust
+			// what it saw before the eviction) and moves it back.
+			tail := bytes.Repeat([]byte("appended after eviction;"), 100)
+			if _, err := created.WriteAt(tail, int64(len(data[0]))); err != nil {
+				t.Fatalf("write through the creating descriptor after eviction: %v", err)
+			}
+			if got, err := os.ReadFile(filepath.Join(part, name(0))); err != nil || !bytes.Equal(got, append(append([]byte(nil), data[0]...), tail...)) {
+				t.Fatalf("after a write through the descriptor that created it: %d bytes, %v", len(got), err)
+			}
 
 			out, code = tierfs(t, nil, "evict", filepath.Join(part, name(1)))
 			if code == 0 || !strings.Contains(out, "reads it directly") {

@@ -41,6 +41,10 @@ type Tiering interface {
 	// Hydrations counts the remote files made local again: a file found
 	// remote at one count may be local at a later one.
 	Hydrations() uint64
+	// Evictions counts the files recorded remote; it moves under the
+	// file's gate, before its record: a file found local under its gate
+	// at one count is local while the count stays the same.
+	Evictions() uint64
 	// StartMove makes the remote file rel (inode ino) moving: changed
 	// through its catch-up log while its bytes come back (see Mover); nil
 	// if it is not remote. The caller makes the change (cause) through
@@ -119,6 +123,11 @@ type tieredFile struct {
 	// have brought the file back, so reads skip the gate and the state
 	// lookup.
 	evictedAt atomic.Uint64
+	// localAt is set once a read or write found the file local under its
+	// gate: the tierer's Evictions then, plus one. Until that count
+	// changes no eviction can have made it remote, so reads and writes
+	// under the gate skip the state lookup (a getxattr and a decode).
+	localAt atomic.Uint64
 
 	mu     sync.Mutex
 	remote RemoteReader // opened on the first remote read; GUARDED_BY(mu)
@@ -142,6 +151,24 @@ func (tf *tieredFile) state() (string, error) {
 	return st, err
 }
 
+// isLocal says whether the file is local now; call it under the gate. A
+// file found local stays known local until the tierer's Evictions moves.
+func (tf *tieredFile) isLocal() (bool, error) {
+	gen := tf.t.Evictions()
+	if tf.localAt.Load() == gen+1 {
+		return true, nil
+	}
+	st, err := tf.state()
+	if err != nil {
+		return false, err
+	}
+	if st == "remote" {
+		return false, nil
+	}
+	tf.localAt.Store(gen + 1)
+	return true, nil
+}
+
 func (tf *tieredFile) Read(ctx context.Context, dest []byte, off int64) (fuse.ReadResult, syscall.Errno) {
 	if mv := tf.t.Moving(tf.ino); mv != nil {
 		n, err := mv.ReadAt(dest, off)
@@ -159,11 +186,11 @@ func (tf *tieredFile) Read(ctx context.Context, dest []byte, off int64) (fuse.Re
 	gen := tf.t.Hydrations()
 	unlock := tf.t.RLock(tf.ino)
 	defer unlock()
-	st, err := tf.state()
+	local, err := tf.isLocal()
 	if err != nil {
 		return nil, toErrno(err)
 	}
-	if st != "remote" {
+	if local {
 		// Copied under the gate: a spliced reply would read the file
 		// after the gate is released.
 		n, err := unix.Pread(int(tf.f.Fd()), dest, off)
@@ -256,11 +283,11 @@ func (tf *tieredFile) remoteReader() (RemoteReader, error) {
 func (tf *tieredFile) refuseRemote(fn func() syscall.Errno) syscall.Errno {
 	unlock := tf.t.RLock(tf.ino)
 	defer unlock()
-	st, err := tf.state()
+	local, err := tf.isLocal()
 	if err != nil {
 		return toErrno(err)
 	}
-	if st == "remote" {
+	if !local {
 		tf.node.root.log.Warn("refused a change to an evicted file", "ino", tf.ino)
 		return toErrno(ErrRemote)
 	}

@@ -209,6 +209,13 @@ func (t *Tierer) copyExtentsInto(ctx context.Context, rec Record, f *os.File) er
 // a later count may be local now.
 func (t *Tierer) Hydrations() uint64 { return t.hydrations.Load() }
 
+// Evictions counts the files an eviction recorded remote. It moves
+// before the record is written, under the file's gate held exclusively,
+// so a file found local under its gate (held shared) at one count is
+// still local while the count stays the same: until then a reader or
+// writer need not read its record again.
+func (t *Tierer) Evictions() uint64 { return t.evictions.Load() }
+
 // restoreIndexes puts back a hydrated segment's .index and .timeindex if
 // they are missing (Kafka keeps them local, but a user may have removed
 // them): the copies shipped with it, or, where the store has none,

@@ -80,6 +80,7 @@ var _ interface {
 	RLock(uint64) func()
 	State(string) (string, string, error)
 	Hydrations() uint64
+	Evictions() uint64
 } = (*Tierer)(nil)
 
 // readAheadChunks is Config.ReadAheadChunks, with its default.

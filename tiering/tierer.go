@@ -137,6 +137,7 @@ type Tierer struct {
 	active   atomic.Int64
 
 	hydrations atomic.Uint64 // finished (see Hydrations)
+	evictions  atomic.Uint64 // files recorded remote (see Evictions)
 
 	stop        chan struct{} // closed by Close
 	stopOnce    sync.Once
@@ -1186,6 +1187,7 @@ func (t *Tierer) Evict(path string) error {
 		return fmt.Errorf("%s changed since it was shipped; shipping it again: %w", path, chunkxfer.ErrSourceChanged)
 	}
 	rec.State = StateRemote
+	t.evictions.Add(1) // before the record: see Evictions
 	if err := writeRecord(path, rec); err != nil {
 		return err
 	}
