@@ -79,15 +79,7 @@ func TestWatcherWithTLS(t *testing.T) {
 		{"another CA, no host name check", "security.protocol=SSL\nssl.endpoint.identification.algorithm=\nssl.truststore.location=" + other.CA + "\nssl.keystore.location=" + keystore, false},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			props, err := ParseProperties("client.properties", []byte(tc.props))
-			if err != nil {
-				t.Fatal(err)
-			}
-			opts, err := ClientOptions(props)
-			if err != nil {
-				t.Fatal(err)
-			}
-			w := newWatcher(t, c, 0, nil, opts...)
+			w := watcherWithProps(t, c, tc.props)
 			ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 			defer cancel()
 			if err := w.Poll(ctx); (err == nil) != tc.ok {

@@ -12,6 +12,21 @@ import (
 	"github.com/twmb/franz-go/pkg/kgo"
 )
 
+// watcherWithProps is the watcher of node 0 of c, with the client
+// options of a client properties file's text.
+func watcherWithProps(t *testing.T, c *kfake.Cluster, text string) *Watcher {
+	t.Helper()
+	props, err := ParseProperties("client.properties", []byte(text))
+	if err != nil {
+		t.Fatal(err)
+	}
+	opts, err := ClientOptions(props)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return newWatcher(t, c, 0, nil, opts...)
+}
+
 func newWatcher(t *testing.T, c *kfake.Cluster, node int32, now func() time.Time, opts ...kgo.Opt) *Watcher {
 	t.Helper()
 	w, err := New(Config{Bootstrap: c.ListenAddrs(), Opts: opts, Interval: time.Second, Now: now,
@@ -160,16 +175,8 @@ func TestWatcherWithSASL(t *testing.T) {
 			}
 			defer c.Close()
 			for pass, ok := range map[string]bool{"s3cret": true, "wrong": false} {
-				props, err := ParseProperties("client.properties", []byte("security.protocol=SASL_PLAINTEXT\nsasl.mechanism="+mech+
-					"\nsasl.jaas.config=org.apache.kafka.common.security.plain.PlainLoginModule required \\\n  username=\"tierfs\" password=\""+pass+"\";\n"))
-				if err != nil {
-					t.Fatal(err)
-				}
-				opts, err := ClientOptions(props)
-				if err != nil {
-					t.Fatal(err)
-				}
-				w := newWatcher(t, c, 0, nil, opts...)
+				w := watcherWithProps(t, c, "security.protocol=SASL_PLAINTEXT\nsasl.mechanism="+mech+
+					"\nsasl.jaas.config=org.apache.kafka.common.security.plain.PlainLoginModule required \\\n  username=\"tierfs\" password=\""+pass+"\";\n")
 				err = w.Poll(context.Background())
 				if (err == nil) != ok {
 					t.Fatalf("password %q: %v", pass, err)
