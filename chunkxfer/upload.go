@@ -126,14 +126,19 @@ func (u *Uploader) putPartBuf(b []byte) {
 		u.bufs = append(u.bufs, b)
 	}
 	if u.bufDrop == nil {
-		u.bufDrop = time.AfterFunc(partBufIdle, func() {
-			u.bufMu.Lock()
-			defer u.bufMu.Unlock()
-			u.bufs = nil
-		})
+		u.bufDrop = time.AfterFunc(partBufIdle, u.DropBuffers)
 	} else {
 		u.bufDrop.Reset(partBufIdle)
 	}
+}
+
+// DropBuffers lets go of the part buffers kept for the next upload (the
+// tierer does at the end of each pass: they are memory outside the chunk
+// budget).
+func (u *Uploader) DropBuffers() {
+	u.bufMu.Lock()
+	defer u.bufMu.Unlock()
+	u.bufs = nil
 }
 
 // partBufIdle is how long part buffers are kept unused.

@@ -363,6 +363,9 @@ func (t *Tierer) RunOnce(ctx context.Context) Report {
 		return rep // unmounting
 	}
 	defer t.end()
+	// The uploads of a pass share their part buffers; between passes
+	// they are not held (memory outside the chunk budget).
+	defer t.up.DropBuffers()
 	parts, err := Scan(t.cfg.Root)
 	if err != nil {
 		rep.Errors = append(rep.Errors, err)
