@@ -99,8 +99,14 @@ func TestKafkaClusterLeadership(t *testing.T) {
 	var opts []kafka.Options
 	for i := range 3 {
 		_, bk, mnt := mountDirs(t)
-		addr := freeAddr(t)
-		port, _ := strconv.Atoi(addr[strings.LastIndexByte(addr, ':')+1:])
+		// The broker's port, known before it starts (the mount is told
+		// it), taken below the ephemeral range: the mount dials it
+		// before the broker listens.
+		port, err := kafka.FreePort()
+		if err != nil {
+			t.Fatal(err)
+		}
+		addr := fmt.Sprintf("127.0.0.1:%d", port)
 		n := &clusterNode{id: int32(i + 1), mnt: mnt, metrics: freeAddr(t)}
 		n.m = startMount(t, r.env, "--backing", bk, "--remote", r.url, "--ship-after", "2s", "--local-retention-bytes", "1",
 			"--tier-interval", "500ms", "--kafka-bootstrap", addr, "--kafka-poll-interval", "1s", "--metrics-listen", n.metrics, mnt)

@@ -1,6 +1,7 @@
 package e2e
 
 import (
+	"fmt"
 	"os"
 	"path/filepath"
 	"strings"
@@ -19,7 +20,13 @@ import (
 func TestKafkaLeadershipOverSASL(t *testing.T) {
 	requireKafka(t)
 	r := remotes(t)[0] // dir
-	saslAddr := freeAddr(t)
+	// Below the ephemeral range: the mount dials it before the broker
+	// listens (see kafka.FreePort).
+	saslPort, err := kafka.FreePort()
+	if err != nil {
+		t.Fatal(err)
+	}
+	saslAddr := fmt.Sprintf("127.0.0.1:%d", saslPort)
 	props := filepath.Join(t.TempDir(), "client.properties")
 	writeProps := func(pass string) {
 		t.Helper()

@@ -12,12 +12,14 @@ import (
 	"encoding/base64"
 	"errors"
 	"fmt"
+	mathrand "math/rand/v2"
 	"net"
 	"os"
 	"os/exec"
 	"path/filepath"
 	"runtime"
 	"sort"
+	"strconv"
 	"strings"
 	"sync"
 	"syscall"
@@ -94,13 +96,32 @@ type Broker struct {
 	done    chan struct{}
 }
 
-func freePort() (int, error) {
-	l, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		return 0, err
+func freePort() (int, error) { return FreePort() }
+
+// FreePort is a port on 127.0.0.1 free now, below the kernel's range of
+// ephemeral ports: a broker starts listening on it seconds later, and
+// meanwhile no outgoing connection (of this test, of tests beside it, or
+// a client dialling this very port, which the kernel could connect to
+// itself) takes it as its local port.
+func FreePort() (int, error) {
+	lo := 32768
+	if b, err := os.ReadFile("/proc/sys/net/ipv4/ip_local_port_range"); err == nil {
+		if f := strings.Fields(string(b)); len(f) == 2 {
+			if n, err := strconv.Atoi(f[0]); err == nil && n > 12000 {
+				lo = n
+			}
+		}
 	}
-	defer l.Close()
-	return l.Addr().(*net.TCPAddr).Port, nil
+	for range 200 {
+		port := 10000 + mathrand.IntN(lo-10000)
+		l, err := net.Listen("tcp", fmt.Sprintf("127.0.0.1:%d", port))
+		if err != nil {
+			continue
+		}
+		l.Close()
+		return port, nil
+	}
+	return 0, errors.New("no free port below the ephemeral range")
 }
 
 // Defaults are the server.properties every test broker gets: small
