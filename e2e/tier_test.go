@@ -41,6 +41,7 @@ func TestMain(m *testing.M) {
 	}
 	code := m.Run()
 	os.RemoveAll(dir)
+	posixtest.RemoveRunner()
 	os.Exit(code)
 }
 

@@ -61,7 +61,9 @@ func TestMain(m *testing.M) {
 	if os.Getenv(serveMountpointEnv) != "" {
 		os.Exit(serveForTest())
 	}
-	os.Exit(m.Run())
+	code := m.Run()
+	posixtest.RemoveRunner()
+	os.Exit(code)
 }
 
 // serveForTest is the body of the server process: it mounts, says READY on

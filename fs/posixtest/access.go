@@ -75,6 +75,7 @@ func runStepIfAsked() bool {
 // build directory is root's alone).
 var runner = struct {
 	once sync.Once
+	dir  string
 	path string
 	err  error
 }{}
@@ -86,6 +87,7 @@ func runnerPath() (string, error) {
 			runner.err = err
 			return
 		}
+		runner.dir = dir
 		os.Chmod(dir, 0o755)
 		b, err := os.ReadFile(os.Args[0])
 		if err != nil {
@@ -96,6 +98,15 @@ func runnerPath() (string, error) {
 		runner.err = os.WriteFile(runner.path, b, 0o755)
 	})
 	return runner.path, runner.err
+}
+
+// RemoveRunner removes the copy of the test binary that RunAccess made,
+// if it made one (15 MB in $TMPDIR otherwise left behind by every test
+// run): a TestMain calls it once its tests ran.
+func RemoveRunner() {
+	if runner.dir != "" {
+		os.RemoveAll(runner.dir)
+	}
 }
 
 // RunAccess runs c in dir (which its users must be able to reach) and

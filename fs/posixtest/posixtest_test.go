@@ -50,5 +50,7 @@ func TestCasesOnPlainDirectory(t *testing.T) {
 
 func TestMain(m *testing.M) {
 	RunHelperIfAsked()
-	os.Exit(m.Run())
+	code := m.Run()
+	RemoveRunner()
+	os.Exit(code)
 }
