@@ -212,11 +212,11 @@ func (tf *tieredFile) Lseek(ctx context.Context, off uint64, whence uint32) (uin
 	}
 	unlock := tf.t.RLock(tf.ino)
 	defer unlock()
-	st, err := tf.state()
+	local, err := tf.isLocal()
 	if err != nil {
 		return 0, toErrno(err)
 	}
-	if st != "remote" {
+	if local {
 		return tf.localFile.Lseek(ctx, off, whence)
 	}
 	var fst unix.Stat_t

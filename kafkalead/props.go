@@ -3,6 +3,7 @@ package kafkalead
 import (
 	"bufio"
 	"bytes"
+	"cmp"
 	"crypto/tls"
 	"crypto/x509"
 	"errors"
@@ -164,7 +165,7 @@ var jaasOption = regexp.MustCompile(`(\w+)\s*=\s*"((?:[^"\\]|\\.)*)"`)
 // honour (a JKS store, GSSAPI) is an error that names it.
 func ClientOptions(props map[string]string) ([]kgo.Opt, error) {
 	var opts []kgo.Opt
-	proto := strings.ToUpper(cmpOr(props["security.protocol"], "PLAINTEXT"))
+	proto := strings.ToUpper(cmp.Or(props["security.protocol"], "PLAINTEXT"))
 	var useTLS, useSASL bool
 	switch proto {
 	case "PLAINTEXT":
@@ -194,7 +195,7 @@ func ClientOptions(props map[string]string) ([]kgo.Opt, error) {
 		if user == "" {
 			return nil, errors.New(`sasl.jaas.config: no username="..." (and password="...")`)
 		}
-		switch mech := strings.ToUpper(cmpOr(props["sasl.mechanism"], "GSSAPI")); mech {
+		switch mech := strings.ToUpper(cmp.Or(props["sasl.mechanism"], "GSSAPI")); mech {
 		case "PLAIN":
 			opts = append(opts, kgo.SASL(plain.Auth{User: user, Pass: pass}.AsMechanism()))
 		case "SCRAM-SHA-256":
@@ -206,13 +207,6 @@ func ClientOptions(props map[string]string) ([]kgo.Opt, error) {
 		}
 	}
 	return opts, nil
-}
-
-func cmpOr(a, b string) string {
-	if a != "" {
-		return a
-	}
-	return b
 }
 
 // tlsConfig is the TLS of ssl.* properties, PEM only.

@@ -147,10 +147,7 @@ func (w *Watcher) Poll(ctx context.Context) error {
 			continue
 		}
 		for _, p := range t.Partitions {
-			if p.ErrorCode != 0 && p.Leader < 0 {
-				parts[*t.Topic+"-"+strconv.Itoa(int(p.Partition))] = Partition{Leader: -1, Epoch: p.LeaderEpoch}
-				continue
-			}
+			// An offline partition has leader -1: known, led by no one.
 			parts[*t.Topic+"-"+strconv.Itoa(int(p.Partition))] = Partition{Leader: p.Leader, Epoch: p.LeaderEpoch}
 		}
 	}

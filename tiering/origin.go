@@ -56,7 +56,7 @@ func (t *Tierer) Origins(partition string) ([]Origin, error) {
 						by = m.Broker
 					}
 				}
-			} else if k == s.Key || strings.HasSuffix(k, ".log") {
+			} else if k == s.Key {
 				o.Uploaded = true
 			} else {
 				continue

@@ -242,7 +242,8 @@ func (t *Tierer) deleteShipment(ctx context.Context, s Shipment, baseInUse bool)
 		unlock()
 		return err
 	}
-	n, err := f.Tombstone(func(e idx.Entry) bool { return strings.HasPrefix(string(e.RDI), s.Key+"@") })
+	ofShipment := func(e idx.Entry) bool { return strings.HasPrefix(string(e.RDI), s.Key+"@") }
+	n, err := f.Tombstone(ofShipment)
 	for try := 1; err == nil && n > 0; try++ {
 		err = t.putIndex(ctx, s.Partition, f)
 		if !errors.Is(err, ErrIndexMoved) || try == maxIndexTries {
@@ -252,7 +253,7 @@ func (t *Tierer) deleteShipment(ctx context.Context, s Shipment, baseInUse bool)
 		// store's index (putIndex took it), and put that.
 		t.counters.IndexRaces.Add(1)
 		if f, err = t.indexFile(s.Partition); err == nil {
-			n, err = f.Tombstone(func(e idx.Entry) bool { return strings.HasPrefix(string(e.RDI), s.Key+"@") })
+			n, err = f.Tombstone(ofShipment)
 		}
 	}
 	// A shipment of a tierfs that named the store's remote indexes by

@@ -64,18 +64,17 @@ type partitionInfo struct {
 	Uploaded int                   `json:"uploaded_segments"` // segments this mount uploaded (some of)
 	Mapped   int                   `json:"mapped_segments"`   // segments mapped onto other brokers' objects alone
 	Origins  []tiering.Origin      `json:"origins,omitempty"` // with --segments
-
 }
 
 func partitionInfos(t *tiering.Tierer, a partitionsArgs) (map[string]partitionInfo, error) {
 	out := make(map[string]partitionInfo, len(a.Names))
 	for _, name := range a.Names {
 		p := partitionInfo{Role: t.PartitionRole(name)}
-		os, err := t.Origins(name)
+		origins, err := t.Origins(name)
 		if err != nil {
 			return nil, err
 		}
-		for _, o := range os {
+		for _, o := range origins {
 			if o.Uploaded {
 				p.Uploaded++
 			} else {
@@ -83,14 +82,14 @@ func partitionInfos(t *tiering.Tierer, a partitionsArgs) (map[string]partitionIn
 			}
 		}
 		if a.Segments {
-			p.Origins = os
+			p.Origins = origins
 		}
 		out[name] = p
 	}
 	return out, nil
 }
 
-// partitionInfos asks the mount at mountpoint about the partitions of
+// askPartitions asks the mount at mountpoint about the partitions of
 // sums; nil when it does not answer.
 func askPartitions(mountpoint string, sums []tiering.PartitionSummary, segments bool) map[string]partitionInfo {
 	a := partitionsArgs{Segments: segments}

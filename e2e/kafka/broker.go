@@ -96,8 +96,6 @@ type Broker struct {
 	done    chan struct{}
 }
 
-func freePort() (int, error) { return FreePort() }
-
 // FreePort is a port on 127.0.0.1 free now, below the kernel's range of
 // ephemeral ports: a broker starts listening on it seconds later, and
 // meanwhile no outgoing connection (of this test, of tests beside it, or
@@ -171,7 +169,7 @@ func StartCluster(opts []Options) ([]*Broker, error) {
 		return nil, errors.New(why)
 	}
 	clusterID := newClusterID()
-	cport, err := freePort()
+	cport, err := FreePort()
 	if err != nil {
 		return nil, err
 	}
@@ -190,7 +188,7 @@ func StartCluster(opts []Options) ([]*Broker, error) {
 }
 
 func start(opts Options, node, cport int, clusterID string) (*Broker, error) {
-	port, err := freePort()
+	port, err := FreePort()
 	if err != nil {
 		return nil, err
 	}
@@ -223,11 +221,11 @@ func StartQuorum(opts []Options) ([]*Broker, error) {
 	for i := range opts {
 		var err error
 		if ports[i] = opts[i].Port; ports[i] == 0 {
-			if ports[i], err = freePort(); err != nil {
+			if ports[i], err = FreePort(); err != nil {
 				return nil, err
 			}
 		}
-		if cports[i], err = freePort(); err != nil {
+		if cports[i], err = FreePort(); err != nil {
 			return nil, err
 		}
 		voters = append(voters, fmt.Sprintf("%d@127.0.0.1:%d", i+1, cports[i]))
