@@ -165,7 +165,11 @@ func (s *cmSession) noteWritten(fd int) {
 func (n *node) newHandle(ctx context.Context, fd int, flags uint32, rel string) (gofs.FileHandle, uint32, error) {
 	lf := newLocalFile(n, fd)
 	lf.cm = n.newSession(fd, flags, rel)
-	fh, fl := n.wrapTiered(lf, rel)
+	fh, fl, err := n.wrapTiered(lf, rel)
+	if err != nil {
+		lf.Release(ctx)
+		return nil, 0, err
+	}
 	if fh == gofs.FileHandle(lf) && n.root.changes != nil {
 		if err := n.chooseMode(lf); err != nil {
 			lf.Release(ctx)

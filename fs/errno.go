@@ -4,6 +4,8 @@ import (
 	"errors"
 	"os"
 	"syscall"
+
+	"github.com/tierfs/tierfs/internal/tiered"
 )
 
 // toErrno is the one place where Go errors become FUSE status codes.
@@ -15,9 +17,9 @@ func toErrno(err error) syscall.Errno {
 	if err == nil {
 		return 0
 	}
-	var re *remoteError
-	if errors.As(err, &re) {
-		return syscall.EIO
+	var se *tiered.StoreError
+	if errors.As(err, &se) {
+		return syscall.EIO // a network's errno is no errno of the file's
 	}
 	if errors.Is(err, ErrRemote) {
 		return syscall.EROFS

@@ -61,10 +61,7 @@ func (n *node) Open(ctx context.Context, flags uint32) (gofs.FileHandle, uint32,
 	rel := n.Path(n.Root())
 	if flags&syscall.O_TRUNC != 0 && (n.root.changes != nil || n.root.tiering != nil) {
 		cut := func() error {
-			if moved, err := n.truncateRemote(fd, 0); moved || err != nil {
-				return err
-			}
-			return unix.Ftruncate(fd, 0)
+			return n.truncate(fd, 0, func() error { return unix.Ftruncate(fd, 0) })
 		}
 		if n.root.changes != nil {
 			// The original is retained before the open cuts it.

@@ -9,6 +9,7 @@ import (
 
 	gofs "github.com/hanwen/go-fuse/v2/fs"
 	"github.com/hanwen/go-fuse/v2/fuse"
+	"github.com/tierfs/tierfs/internal/tiered"
 	"golang.org/x/sys/unix"
 )
 
@@ -331,15 +332,21 @@ func (n *node) setattr(ctx context.Context, f gofs.FileHandle, in *fuse.SetAttrI
 	}
 	defer unpin()
 	if sz, ok := in.GetSize(); ok {
-		moved, err := n.truncateRemote(fd, int64(sz))
+		ran := false
+		err := n.truncate(fd, int64(sz), func() error { ran = true; return setattrFd(fd, in) })
 		if err != nil {
 			return toErrno(err)
 		}
-		if moved {
+		if !ran {
+			// Remote: the size went through its move, or was the size
+			// it has; the rest applies to the backing file.
 			rest := *in
 			rest.Valid &^= fuse.FATTR_SIZE
-			in = &rest
+			if err := setattrFd(fd, &rest); err != nil {
+				return toErrno(err)
+			}
 		}
+		return toErrno(n.attrOf(fd, &out.Attr))
 	}
 	if err := setattrFd(fd, in); err != nil {
 		return toErrno(err)
@@ -446,7 +453,7 @@ func (n *node) Getxattr(ctx context.Context, attr string, dest []byte) (uint32, 
 }
 
 func (n *node) Setxattr(ctx context.Context, attr string, data []byte, flags uint32) syscall.Errno {
-	if n.isSymlink() || hiddenXattr(attr) || (n.root.tiering != nil && (attr == xattrState || attr == xattrRDI)) {
+	if n.isSymlink() || hiddenXattr(attr) || (n.root.tiering != nil && (attr == tiered.XattrState || attr == tiered.XattrRDI)) {
 		return syscall.EPERM
 	}
 	fd, unpin, err := n.pin()

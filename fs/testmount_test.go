@@ -3,6 +3,8 @@ package fs
 import (
 	"bufio"
 	"bytes"
+	"context"
+	"encoding/json"
 	"fmt"
 	"log/slog"
 	"os"
@@ -17,11 +19,15 @@ import (
 	"time"
 
 	"github.com/hanwen/go-fuse/v2/fuse"
+	"github.com/tierfs/tierfs/chunkxfer/store"
 	"github.com/tierfs/tierfs/cm"
+	"github.com/tierfs/tierfs/control"
 	"github.com/tierfs/tierfs/fs/posixtest"
+	"github.com/tierfs/tierfs/tiering"
 	"golang.org/x/sys/unix"
 
 	"github.com/tierfs/tierfs/internal/testenv"
+	"github.com/tierfs/tierfs/internal/tiered"
 )
 
 // Environment of the server helper (see serveForTest).
@@ -39,7 +45,41 @@ const (
 	// With it set, the server's open-file limit (soft and hard) is
 	// lowered to this before it mounts.
 	serveFileLimitEnv = "TIERFS_TEST_SERVE_FILE_LIMIT"
+	// With it set (to a directory, the store), the server tiers: a real
+	// tierer over a directory store serves every file as a tiered file,
+	// and ships or evicts a segment when the control socket asks.
+	serveTieredEnv = "TIERFS_TEST_SERVE_TIERED"
 )
+
+// allTiered serves every file as a tiered file: its handle reads and
+// writes through the tierer, whatever its name.
+type allTiered struct{ *tiering.Tierer }
+
+func (allTiered) Tiered(string) bool { return true }
+
+// tierControl ships and evicts segments for the test (the control
+// socket's ops ship and evict).
+type tierControl struct{ t *tiering.Tierer }
+
+func (c tierControl) Do(ctx context.Context, op, rel string, progress func(done, total int64)) (string, error) {
+	var st tiered.State
+	var err error
+	switch op {
+	case "ship":
+		st, err = c.t.ShipNow(ctx, rel, nil)
+	case "evict":
+		st, err = c.t.EvictNow(ctx, rel, nil)
+	default:
+		return "", fmt.Errorf("unknown op %q", op)
+	}
+	return st.String(), err
+}
+
+func (tierControl) Status() any { return nil }
+
+func (tierControl) Call(ctx context.Context, op string, args json.RawMessage) (any, error) {
+	return nil, fmt.Errorf("unknown op %q", op)
+}
 
 // countingOps is an OpObserver that counts requests by op and result.
 type countingOps struct {
@@ -98,7 +138,22 @@ func serveForTest() int {
 		mgr = cm.New(cm.Config{Exclude: exclude, Hide: StateDirName, Log: log})
 		changes = mgr
 	}
+	var tier Tiering
+	var tierer *tiering.Tierer
+	if dir := os.Getenv(serveTieredEnv); dir != "" {
+		st, err := store.NewDir(dir)
+		if err == nil {
+			tierer, err = tiering.New(tiering.Config{Store: st, Log: log, ChunkSize: 64 << 10})
+		}
+		if err != nil {
+			fmt.Fprintln(os.Stderr, "tiering:", err)
+			return 1
+		}
+		defer tierer.Close()
+		tier = allTiered{tierer}
+	}
 	m, err := Mount(Config{
+		Tiering:      tier,
 		Changes:      changes,
 		Ops:          ops,
 		Backing:      os.Getenv(serveBackingEnv),
@@ -119,6 +174,15 @@ func serveForTest() int {
 			return 1
 		}
 		defer mgr.Close()
+	}
+	if tierer != nil {
+		tierer.SetRoot(filepath.Dir(m.StateDir), m.StateDir)
+		srv, err := control.Listen(os.Getenv(serveMountpointEnv), tierControl{tierer}, log)
+		if err != nil {
+			fmt.Fprintln(os.Stderr, "control:", err)
+			return 1
+		}
+		defer srv.Close()
 	}
 	fmt.Printf("READY passthrough=%v reason=%q\n", m.Passthrough.On, m.Passthrough.Reason)
 	sigs := make(chan os.Signal, 1)

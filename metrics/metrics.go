@@ -154,9 +154,9 @@ func (p *partitions) Collect(ch chan<- prometheus.Metric) {
 		ch <- prometheus.MustNewConstMetric(d, prometheus.GaugeValue, v, labels...)
 	}
 	for _, s := range sums {
-		gauge(descSegments, float64(s.Local), s.Name, tiering.StateLocal)
-		gauge(descSegments, float64(s.Shipped), s.Name, tiering.StateShipped)
-		gauge(descSegments, float64(s.Remote), s.Name, tiering.StateRemote)
+		gauge(descSegments, float64(s.Local), s.Name, tiering.StateLocal.String())
+		gauge(descSegments, float64(s.Shipped), s.Name, tiering.StateShipped.String())
+		gauge(descSegments, float64(s.Remote), s.Name, tiering.StateRemote.String())
 		gauge(descLagBytes, float64(s.LagBytes), s.Name)
 		gauge(descLagSegments, float64(s.LagSegments), s.Name)
 		gauge(descRemoteSize, float64(s.InStore), s.Name)

@@ -47,7 +47,7 @@ func TestMetricsOfATierer(t *testing.T) {
 		t.Fatalf("pass: %+v", rep)
 	}
 	// Read an evicted segment back: two chunk fetches at least.
-	r, err := tr.OpenRemote(filepath.Join(root, "orders-0", name(bases["orders-0"][0])))
+	r, _, err := tr.OpenIfRemote(filepath.Join(root, "orders-0", name(bases["orders-0"][0])))
 	if err != nil {
 		t.Fatal(err)
 	}

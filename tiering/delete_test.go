@@ -42,7 +42,7 @@ func mustPass(t *testing.T, tr *Tierer) Report {
 
 func readAll(t *testing.T, tr *Tierer, path string) []byte {
 	t.Helper()
-	r, err := tr.OpenRemote(path)
+	r, err := tr.copies.openRemote(path)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -198,7 +198,7 @@ func TestDeletionResumesAfterFailure(t *testing.T) {
 	}
 	n := 0
 	for _, x := range sh {
-		if x.State == StateDeleting {
+		if x.State == ShipmentDeleting {
 			n++
 		}
 	}
@@ -252,7 +252,7 @@ func TestRewrittenSegment(t *testing.T) {
 	if left := objects(t, s, strings.TrimSuffix(old.Key, ".log")); len(left) != 0 {
 		t.Fatalf("objects of the old version left: %v", left)
 	}
-	if st, _, _ := tr.State(seg); st != StateShipped {
+	if st, _, _ := tr.copies.stateOf(seg); st != StateShipped {
 		t.Fatalf("cleaned segment is %s", st)
 	}
 	if sha(readAll(t, tr, seg)) != sha(cleaned) {

@@ -8,11 +8,18 @@ import (
 	"os"
 	"path/filepath"
 	"sort"
+	"syscall"
 	"time"
 
 	"github.com/tierfs/tierfs/chunkxfer"
 	"github.com/tierfs/tierfs/chunkxfer/store"
+	"github.com/tierfs/tierfs/internal/tiered"
 )
+
+// copies are the store copies of files: from a file's record, its
+// manifest (kept in the state dir), the objects holding its extents,
+// and a reader of its bytes.
+type copies struct{ t *Tierer }
 
 // An Extent maps a run of a file's bytes onto an object: file bytes
 // [Pos, Pos+Len) are object bytes [Off, Off+Len). A file whose record has
@@ -61,11 +68,11 @@ func extentKeys(es []Extent) []string {
 // or when a file here was first mapped onto it. A copy that is missing
 // (it went with the last local file that read from the object while
 // another was being mapped onto it) is fetched from the store again.
-func (t *Tierer) objectManifest(key, etag string) (*chunkxfer.Manifest, error) {
-	m, err := t.localManifest(key)
+func (cs *copies) objectManifest(key, etag string) (*chunkxfer.Manifest, error) {
+	m, err := cs.localManifest(key)
 	if os.IsNotExist(err) {
 		ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
-		m, err = t.fetchManifest(ctx, key)
+		m, err = cs.fetchManifest(ctx, key)
 		cancel()
 	}
 	if err != nil {
@@ -77,8 +84,8 @@ func (t *Tierer) objectManifest(key, etag string) (*chunkxfer.Manifest, error) {
 	return m, nil
 }
 
-func (t *Tierer) localManifest(key string) (*chunkxfer.Manifest, error) {
-	b, err := os.ReadFile(filepath.Join(t.cfg.StateDir, manifestRel(key)))
+func (cs *copies) localManifest(key string) (*chunkxfer.Manifest, error) {
+	b, err := os.ReadFile(filepath.Join(cs.t.cfg.StateDir, manifestRel(key)))
 	if err != nil {
 		return nil, err
 	}
@@ -95,15 +102,15 @@ func (t *Tierer) localManifest(key string) (*chunkxfer.Manifest, error) {
 // fetchManifest is the local copy of key's manifest, or else the
 // store's, checked against the object there now and kept as a local
 // copy.
-func (t *Tierer) fetchManifest(ctx context.Context, key string) (*chunkxfer.Manifest, error) {
-	if m, err := t.localManifest(key); err == nil {
+func (cs *copies) fetchManifest(ctx context.Context, key string) (*chunkxfer.Manifest, error) {
+	if m, err := cs.localManifest(key); err == nil {
 		return m, nil
 	}
-	m, err := chunkxfer.LoadManifest(ctx, t.cfg.Store, key)
+	m, err := chunkxfer.LoadManifest(ctx, cs.t.cfg.Store, key)
 	if err != nil {
 		return nil, err
 	}
-	return m, writeManifestCopy(filepath.Join(t.cfg.StateDir, manifestRel(key)), m)
+	return m, writeManifestCopy(filepath.Join(cs.t.cfg.StateDir, manifestRel(key)), m)
 }
 
 // remoteSource is a file's bytes in the store: its own object, or its
@@ -111,18 +118,21 @@ func (t *Tierer) fetchManifest(ctx context.Context, key string) (*chunkxfer.Mani
 type remoteSource interface {
 	io.ReaderAt
 	Close() error
+	// Slice hands out verified bytes without a copy (see
+	// chunkxfer.Reader.Slice); ok is false when the range cannot be.
+	Slice(ctx context.Context, off int64, n int) (b []byte, release func(), ok bool, err error)
 }
 
 // openSource opens the store copy of a file from its record, reading
 // nothing until asked.
-func (t *Tierer) openSource(rec Record) (remoteSource, error) {
-	opts := chunkxfer.ReaderOptions{ReadAhead: t.readAheadChunks()}
+func (cs *copies) openSource(rec Record) (remoteSource, error) {
+	opts := chunkxfer.ReaderOptions{ReadAhead: cs.readAheadChunks()}
 	if len(rec.Extents) == 0 {
-		m, err := t.loadManifest(rec)
+		m, err := cs.loadManifest(rec)
 		if err != nil {
 			return nil, err
 		}
-		return chunkxfer.NewReaderFor(t.cfg.Store, m, t.cfg.Pool, opts), nil
+		return chunkxfer.NewReaderFor(cs.t.cfg.Store, m, cs.t.cfg.Pool, opts), nil
 	}
 	if err := checkExtents(rec.Extents, rec.Size); err != nil {
 		return nil, fmt.Errorf("record of %s: %w", rec.Key, err)
@@ -132,7 +142,7 @@ func (t *Tierer) openSource(rec Record) (remoteSource, error) {
 	for _, e := range rec.Extents {
 		cr := readers[e.Key]
 		if cr == nil {
-			m, err := t.objectManifest(e.Key, e.ETag)
+			m, err := cs.objectManifest(e.Key, e.ETag)
 			if err != nil {
 				r.Close()
 				return nil, err
@@ -141,7 +151,7 @@ func (t *Tierer) openSource(rec Record) (remoteSource, error) {
 				r.Close()
 				return nil, fmt.Errorf("extent %d+%d of %s is past its %d bytes", e.Off, e.Len, e.Key, m.Size)
 			}
-			cr = chunkxfer.NewReaderFor(t.cfg.Store, m, t.cfg.Pool, opts)
+			cr = chunkxfer.NewReaderFor(cs.t.cfg.Store, m, cs.t.cfg.Pool, opts)
 			readers[e.Key] = cr
 			r.readers = append(r.readers, cr)
 		}
@@ -185,6 +195,21 @@ func (r *extentReader) ReadAt(p []byte, off int64) (int, error) {
 	return n, nil
 }
 
+// Slice hands out a range that lies in one extent (and one chunk of its
+// object) without a copy, as a segment's own object would.
+func (r *extentReader) Slice(ctx context.Context, off int64, n int) ([]byte, func(), bool, error) {
+	if off < 0 || off >= r.size || n <= 0 {
+		return nil, nil, false, nil
+	}
+	i := sort.Search(len(r.parts), func(i int) bool { return r.parts[i].Pos+r.parts[i].Len > off })
+	e := r.parts[i]
+	within := off - e.Pos
+	if within+int64(n) > e.Len && i != len(r.parts)-1 {
+		return nil, nil, false, nil
+	}
+	return e.r.Slice(ctx, e.Off+within, int(min(int64(n), e.Len-within)))
+}
+
 func (r *extentReader) Close() error {
 	for _, cr := range r.readers {
 		cr.Close()
@@ -194,14 +219,14 @@ func (r *extentReader) Close() error {
 
 // checkCopies checks that every object holding a file is in the store
 // as it was when the file was mapped onto it (same ETag and size).
-func (t *Tierer) checkCopies(rec Record) error {
+func (cs *copies) checkCopies(rec Record) error {
 	type want struct {
 		key, etag string
 		size      int64
 	}
 	var ws []want
 	if len(rec.Extents) == 0 {
-		m, err := t.loadManifest(rec)
+		m, err := cs.loadManifest(rec)
 		if err != nil {
 			return fmt.Errorf("no usable manifest: %w", err)
 		}
@@ -211,7 +236,7 @@ func (t *Tierer) checkCopies(rec Record) error {
 			return err
 		}
 		for _, e := range rec.Extents {
-			m, err := t.objectManifest(e.Key, e.ETag)
+			m, err := cs.objectManifest(e.Key, e.ETag)
 			if err != nil {
 				return fmt.Errorf("no usable manifest: %w", err)
 			}
@@ -222,7 +247,7 @@ func (t *Tierer) checkCopies(rec Record) error {
 	}
 	for _, w := range ws {
 		ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
-		info, err := t.cfg.Store.Head(ctx, w.key)
+		info, err := cs.t.cfg.Store.Head(ctx, w.key)
 		cancel()
 		if err != nil {
 			return fmt.Errorf("remote copy %s: %w", w.key, err)
@@ -232,4 +257,21 @@ func (t *Tierer) checkCopies(rec Record) error {
 		}
 	}
 	return nil
+}
+
+// stateOf is the state and RDI of the file at path, for the tierer's
+// own steps and status (the file system asks an open File).
+func (cs *copies) stateOf(path string) (tiered.State, string, error) {
+	rec, has, err := readRecord(path)
+	if err != nil {
+		return 0, "", err
+	}
+	if !has {
+		var st syscall.Stat_t
+		if syscall.Stat(path, &st) == nil && cs.t.claims.shippingIno(st.Ino) {
+			return StateShipping, "", nil
+		}
+		return StateLocal, "", nil
+	}
+	return rec.State, rec.Key, nil
 }

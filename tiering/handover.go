@@ -33,28 +33,33 @@ type RemoteCopy struct {
 // ErrOtherStore is a remote copy in a store this mount does not use.
 var ErrOtherStore = errors.New("its bytes are in another store than this mount's")
 
-// RemoteCopy describes the evicted file at path (a RemoteCopy as JSON);
-// nil for a file that is not evicted (or is moving back).
-func (t *Tierer) RemoteCopy(path string) ([]byte, error) {
-	if err := t.waitReady(); err != nil {
+// remoteCopyAt describes the evicted file at path (a RemoteCopy as
+// JSON); nil for a file that is not evicted (or is moving back).
+func (cs *copies) remoteCopyAt(path string) ([]byte, error) {
+	if err := cs.t.waitReady(); err != nil {
 		return nil, err
 	}
 	rec, has, err := readRecord(path)
-	if err != nil {
+	if err != nil || !has {
 		return nil, err
 	}
-	if !has || rec.State != StateRemote || !rec.Freed || rec.Size == 0 || t.Moving(rec.Ino) != nil {
+	return cs.remoteCopy(rec)
+}
+
+// remoteCopy describes the file of record rec, if it is evicted.
+func (cs *copies) remoteCopy(rec Record) ([]byte, error) {
+	if rec.State != StateRemote || !rec.Freed || rec.Size == 0 || cs.t.moves.of(rec.Ino) != nil {
 		return nil, nil
 	}
 	es := rec.Extents
 	if len(es) == 0 {
-		m, err := t.loadManifest(rec)
+		m, err := cs.loadManifest(rec)
 		if err != nil {
 			return nil, err
 		}
 		es = []Extent{{Pos: 0, Len: rec.Size, Key: rec.Key, Off: 0, ETag: m.ETag}}
 	}
-	return json.Marshal(RemoteCopy{Store: t.cfg.StoreID, Size: rec.Size, MtimeNs: rec.MtimeNs, Extents: es})
+	return json.Marshal(RemoteCopy{Store: cs.t.cfg.StoreID, Size: rec.Size, MtimeNs: rec.MtimeNs, Extents: es})
 }
 
 // AdoptRemote makes a new evicted file, named rel (a segment, from the
@@ -88,7 +93,7 @@ func (t *Tierer) AdoptRemote(ctx context.Context, rel string, desc []byte, mode 
 		return "", fmt.Errorf("%s is not in a partition dir", rel)
 	}
 	for _, k := range extentKeys(rc.Extents) {
-		m, err := t.fetchManifest(ctx, k)
+		m, err := t.copies.fetchManifest(ctx, k)
 		if err != nil {
 			return "", err
 		}
@@ -120,16 +125,16 @@ func (t *Tierer) AdoptRemote(ctx context.Context, rel string, desc []byte, mode 
 		return "", err
 	}
 	seg := Segment{Partition: dir, Base: sn.BaseOffset, Path: tmp}
-	key := t.identityKey(seg, st.Ino, rc.Size, rc.MtimeNs, kafka.KindLog)
+	key := t.shipper.identityKey(seg, st.Ino, rc.Size, rc.MtimeNs, kafka.KindLog)
 	holder := holderOf(key)
-	sh := Shipment{State: StateShipping, Partition: dir, Base: sn.BaseOffset, Key: key, Ino: st.Ino, Since: t.cfg.Now(), Objects: refsOf(extentKeys(rc.Extents), holder)}
+	sh := Shipment{State: ShipmentShipping, Partition: dir, Base: sn.BaseOffset, Key: key, Ino: st.Ino, Since: t.cfg.Now(), Objects: refsOf(extentKeys(rc.Extents), holder)}
 	if sh.HandleType, sh.Handle, err = fileHandle(tmp); err != nil {
 		t.cfg.Log.Debug("no file handle", "file", tmp, "err", err)
 	}
 	if err := writeShipment(t.cfg.StateDir, sh); err != nil {
 		return "", err
 	}
-	if err := t.takeRefs(ctx, rc.Extents, holder); err != nil {
+	if err := t.share.takeRefs(ctx, rc.Extents, holder); err != nil {
 		return "", err
 	}
 	rec := Record{State: StateRemote, Key: key, Size: rc.Size, MtimeNs: rc.MtimeNs, Ino: st.Ino, Extents: rc.Extents, Freed: true}
@@ -143,7 +148,7 @@ func (t *Tierer) AdoptRemote(ctx context.Context, rel string, desc []byte, mode 
 	if err := f.Sync(); err != nil {
 		return "", err
 	}
-	sh.State, sh.Since = StateShipped, t.cfg.Now()
+	sh.State, sh.Since = ShipmentShipped, t.cfg.Now()
 	if err := writeShipment(t.cfg.StateDir, sh); err != nil {
 		return "", err
 	}

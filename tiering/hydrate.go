@@ -7,7 +7,6 @@ import (
 	"io"
 	"os"
 	"path/filepath"
-	"strconv"
 	"strings"
 	"syscall"
 
@@ -19,23 +18,27 @@ import (
 	"github.com/tierfs/tierfs/internal/tiered"
 )
 
+// hydrator brings evicted files' bytes back to local disk (tierfs
+// hydrate): downloaded, checked, put in place, with their indexes.
+type hydrator struct{ t *Tierer }
+
 // HydrateNow brings the bytes of the evicted segment rel back to local
 // disk (see Hydrate). It returns the segment's state after: shipped (the
 // remote copy stays valid until the file changes), or local for a file
 // that was never shipped.
-func (t *Tierer) HydrateNow(ctx context.Context, rel string, progress chunkxfer.Progress) (string, error) {
-	if err := t.begin(); err != nil {
-		return "", err
+func (t *Tierer) HydrateNow(ctx context.Context, rel string, progress chunkxfer.Progress) (tiered.State, error) {
+	if err := t.work.begin(); err != nil {
+		return 0, err
 	}
-	defer t.end()
-	seg, err := t.findSegment(rel)
+	defer t.work.end()
+	seg, err := t.shipper.findSegment(rel)
 	if err != nil {
-		return "", err
+		return 0, err
 	}
-	if err := t.Hydrate(ctx, seg.Path, progress); err != nil {
-		return StateRemote, t.noteErr(seg.Partition, fmt.Errorf("hydrate %s: %w", rel, err))
+	if err := t.hydrator.Hydrate(ctx, seg.Path, progress); err != nil {
+		return StateRemote, t.status.noteErr(seg.Partition, fmt.Errorf("hydrate %s: %w", rel, err))
 	}
-	st, _, err := t.State(seg.Path)
+	st, _, err := t.copies.stateOf(seg.Path)
 	return st, err
 }
 
@@ -51,30 +54,29 @@ var ErrBusy = errors.New("another transfer of it is under way")
 // (as for an interrupted eviction), and the file is remote as before.
 // Once the bytes are in and synced, the file is shipped: local, with
 // its remote copy still valid.
-func (t *Tierer) Hydrate(ctx context.Context, path string, progress chunkxfer.Progress) error {
-	if !t.claim(path) {
+func (hy *hydrator) Hydrate(ctx context.Context, path string, progress chunkxfer.Progress) error {
+	if !hy.t.claims.take(pathClaim(path)) {
 		return fmt.Errorf("%s: %w", path, ErrBusy)
 	}
-	defer t.release(path)
+	defer hy.t.claims.release(pathClaim(path))
 	rec, has, err := readRecord(path)
 	if err != nil {
 		return err
 	}
-	ino := "ino:" + strconv.FormatUint(rec.Ino, 10)
-	if !t.claim(ino) {
+	if !hy.t.claims.take(inodeClaim(rec.Ino)) {
 		return fmt.Errorf("%s: %w", path, ErrBusy)
 	}
-	defer t.release(ino)
+	defer hy.t.claims.release(inodeClaim(rec.Ino))
 	if !has || rec.State != StateRemote {
 		if progress != nil {
 			progress(1, 1)
 		}
 		return nil // local already
 	}
-	if err := t.waitReady(); err != nil {
+	if err := hy.t.waitReady(); err != nil {
 		return err
 	}
-	if src, err := t.openSource(rec); err != nil {
+	if src, err := hy.t.copies.openSource(rec); err != nil {
 		return err
 	} else {
 		src.Close()
@@ -95,17 +97,17 @@ func (t *Tierer) Hydrate(ctx context.Context, path string, progress chunkxfer.Pr
 	if fst.Ino != rec.Ino || fst.Size != rec.Size {
 		return fmt.Errorf("%s is another file now (inode %d, %d bytes; recorded %d, %d bytes)", path, fst.Ino, fst.Size, rec.Ino, rec.Size)
 	}
-	t.crashPoint(CrashHydrateMarked)
-	if err := t.fetchInto(ctx, rec, f); err != nil {
+	hy.t.crashPoint(CrashHydrateMarked)
+	if err := hy.fetchInto(ctx, rec, f); err != nil {
 		return err
 	}
-	if err := t.restoreIndexes(ctx, path, rec); err != nil {
+	if err := hy.restoreIndexes(ctx, path, rec); err != nil {
 		return err
 	}
-	t.crashPoint(CrashHydrateFetched)
+	hy.t.crashPoint(CrashHydrateFetched)
 	// Under the gate no read of local bytes or write is under way: the
 	// file becomes local with its own mtime back.
-	unlock := t.cfg.Gate.Lock(rec.Ino)
+	unlock := hy.t.cfg.Gate.Lock(rec.Ino)
 	defer unlock()
 	now, has, err := readRecord(path)
 	if err != nil {
@@ -129,13 +131,13 @@ func (t *Tierer) Hydrate(ctx context.Context, path string, progress chunkxfer.Pr
 	if err := writeRecord(path, rec); err != nil {
 		return err
 	}
-	t.hydrations.Add(1)
-	t.counters.HydratedSegments[tiered.CauseHydrate].Add(1)
-	t.counters.HydratedBytes[tiered.CauseHydrate].Add(rec.Size)
+	hy.t.handles.changed(rec.Ino)
+	hy.t.counters.HydratedSegments[tiered.CauseHydrate].Add(1)
+	hy.t.counters.HydratedBytes[tiered.CauseHydrate].Add(rec.Size)
 	if progress != nil {
 		progress(rec.Size, rec.Size)
 	}
-	t.cfg.Log.Info("hydrated", "segment", path, "key", rec.Key, "bytes", rec.Size)
+	hy.t.cfg.Log.Info("hydrated", "segment", path, "key", rec.Key, "bytes", rec.Size)
 	return nil
 }
 
@@ -143,17 +145,17 @@ func (t *Tierer) Hydrate(ctx context.Context, path string, progress chunkxfer.Pr
 // chunk checked, resumable from the transfer journal) into the state dir,
 // copies it into f from its start (in the kernel where it can), and syncs
 // f.
-func (t *Tierer) fetchInto(ctx context.Context, rec Record, f *os.File) error {
+func (hy *hydrator) fetchInto(ctx context.Context, rec Record, f *os.File) error {
 	if len(rec.Extents) > 0 {
-		return t.copyExtentsInto(ctx, rec, f)
+		return hy.copyExtentsInto(ctx, rec, f)
 	}
-	dir := filepath.Join(t.cfg.StateDir, "hydrate")
+	dir := filepath.Join(hy.t.cfg.StateDir, "hydrate")
 	if err := os.MkdirAll(dir, 0o700); err != nil {
 		return err
 	}
 	tmp := filepath.Join(dir, fmt.Sprintf("%d-%s", rec.Ino, filepath.Base(rec.Key)))
 	defer os.Remove(tmp)
-	dl := &chunkxfer.Downloader{Store: t.cfg.Store, JournalDir: filepath.Join(t.cfg.StateDir, "journal"), Parallel: 4, Log: t.cfg.Log}
+	dl := &chunkxfer.Downloader{Store: hy.t.cfg.Store, JournalDir: filepath.Join(hy.t.cfg.StateDir, "journal"), Parallel: 4, Log: hy.t.cfg.Log}
 	got, err := dl.Download(ctx, rec.Key, tmp)
 	if err != nil {
 		return err
@@ -182,8 +184,8 @@ func (t *Tierer) fetchInto(ctx context.Context, rec Record, f *os.File) error {
 // copyExtentsInto reads a file held by several objects through their
 // readers (each chunk checked, with read-ahead) into f from its start,
 // and syncs f.
-func (t *Tierer) copyExtentsInto(ctx context.Context, rec Record, f *os.File) error {
-	src, err := t.openSource(rec)
+func (hy *hydrator) copyExtentsInto(ctx context.Context, rec Record, f *os.File) error {
+	src, err := hy.t.copies.openSource(rec)
 	if err != nil {
 		return err
 	}
@@ -205,22 +207,11 @@ func (t *Tierer) copyExtentsInto(ctx context.Context, rec Record, f *os.File) er
 	return f.Sync()
 }
 
-// Hydrations counts the hydrations finished: a file found remote before
-// a later count may be local now.
-func (t *Tierer) Hydrations() uint64 { return t.hydrations.Load() }
-
-// Evictions counts the files an eviction recorded remote. It moves
-// before the record is written, under the file's gate held exclusively,
-// so a file found local under its gate (held shared) at one count is
-// still local while the count stays the same: until then a reader or
-// writer need not read its record again.
-func (t *Tierer) Evictions() uint64 { return t.evictions.Load() }
-
 // restoreIndexes puts back a hydrated segment's .index and .timeindex if
 // they are missing (Kafka keeps them local, but a user may have removed
 // them): the copies shipped with it, or, where the store has none,
 // rebuilt from its records as the broker writes them.
-func (t *Tierer) restoreIndexes(ctx context.Context, path string, rec Record) error {
+func (hy *hydrator) restoreIndexes(ctx context.Context, path string, rec Record) error {
 	sn, ok := kafka.ParseSegmentName(filepath.Base(path))
 	if !ok || sn.Kind != kafka.KindLog || sn.Suffix != "" {
 		return nil // being deleted or cleaned: the broker does not need them
@@ -231,7 +222,7 @@ func (t *Tierer) restoreIndexes(ctx context.Context, path string, rec Record) er
 		if _, err := os.Lstat(p); err == nil {
 			continue
 		}
-		b, err := store.ReadAll(t.cfg.Store.Get(ctx, strings.TrimSuffix(rec.Key, kafka.KindLog)+kind, 0, -1, store.GetOptions{}))
+		b, err := store.ReadAll(hy.t.cfg.Store.Get(ctx, strings.TrimSuffix(rec.Key, kafka.KindLog)+kind, 0, -1, store.GetOptions{}))
 		if errors.Is(err, store.ErrNotFound) {
 			if built == nil {
 				f, err := os.Open(path)
@@ -246,9 +237,9 @@ func (t *Tierer) restoreIndexes(ctx context.Context, path string, rec Record) er
 				built = map[string][]byte{kafka.KindIndex: offs, kafka.KindTimeIndex: times}
 			}
 			b, err = built[kind], nil
-			t.cfg.Log.Info("rebuilt a missing index of a hydrated segment", "index", p)
+			hy.t.cfg.Log.Info("rebuilt a missing index of a hydrated segment", "index", p)
 		} else if err == nil {
-			t.cfg.Log.Info("restored a missing index of a hydrated segment from the store", "index", p)
+			hy.t.cfg.Log.Info("restored a missing index of a hydrated segment from the store", "index", p)
 		}
 		if err != nil {
 			return fmt.Errorf("restore %s: %w", p, err)

@@ -12,6 +12,7 @@ import (
 
 	"github.com/tierfs/tierfs/chunkxfer/store"
 	"github.com/tierfs/tierfs/idx/kafka"
+	"github.com/tierfs/tierfs/internal/tiered"
 )
 
 func blocks(t *testing.T, p string) int64 {
@@ -56,7 +57,7 @@ func TestHydrate(t *testing.T) {
 			t.Fatalf("hydrate with fault %+v: %s %v", f, st, err)
 		}
 		s.ClearFaults()
-		if st, _, _ := tr.State(p); st != StateRemote {
+		if st, _, _ := tr.copies.stateOf(p); st != StateRemote {
 			t.Fatalf("state after a failed hydrate: %s", st)
 		}
 		mustPass(t, tr) // undoes what the failed hydration wrote
@@ -77,14 +78,14 @@ func TestHydrate(t *testing.T) {
 	if err := s.Delete(ctx, strings.TrimSuffix(rec0.Key, ".log")+".timeindex"); err != nil {
 		t.Fatal(err)
 	}
-	gen := tr.Hydrations()
+	gen := tr.Counters().HydratedSegments[tiered.CauseHydrate].Load()
 	var done, total int64
 	st, err := tr.HydrateNow(ctx, rel, func(d, tot int64) { done, total = d, tot })
 	if err != nil || st != StateShipped {
 		t.Fatalf("hydrate: %s %v", st, err)
 	}
-	if done != total || total == 0 || tr.Hydrations() != gen+1 {
-		t.Errorf("progress %d/%d, hydrations %d", done, total, tr.Hydrations())
+	if n := tr.Counters().HydratedSegments[tiered.CauseHydrate].Load(); done != total || total == 0 || n != gen+1 {
+		t.Errorf("progress %d/%d, hydrations %d", done, total, n)
 	}
 	after, _ := os.Stat(p)
 	b, _ := os.ReadFile(p)

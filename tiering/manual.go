@@ -4,10 +4,9 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"path/filepath"
-	"strings"
 
 	"github.com/tierfs/tierfs/chunkxfer"
+	"github.com/tierfs/tierfs/internal/tiered"
 )
 
 // ErrNotEligible is a segment that cannot be shipped by hand: the
@@ -18,18 +17,18 @@ var ErrNotEligible = errors.New("not safe to ship")
 // dir root) now, whatever its age: everything else that makes a segment
 // safe to ship must hold (rolled, flushed, committed, indexes trimmed, no
 // older version in the store). It returns the segment's state after.
-func (t *Tierer) ShipNow(ctx context.Context, rel string, progress chunkxfer.Progress) (string, error) {
-	if err := t.begin(); err != nil {
-		return "", err
+func (t *Tierer) ShipNow(ctx context.Context, rel string, progress chunkxfer.Progress) (tiered.State, error) {
+	if err := t.work.begin(); err != nil {
+		return 0, err
 	}
-	defer t.end()
-	seg, err := t.findSegment(rel)
+	defer t.work.end()
+	seg, err := t.shipper.findSegment(rel)
 	if err != nil {
-		return "", err
+		return 0, err
 	}
 	rec, has, err := readRecord(seg.Path)
 	if err != nil {
-		return "", err
+		return 0, err
 	}
 	if has {
 		if progress != nil {
@@ -39,60 +38,38 @@ func (t *Tierer) ShipNow(ctx context.Context, rel string, progress chunkxfer.Pro
 	}
 	cp, err := ReadCheckpoints(t.cfg.Root)
 	if err != nil {
-		return "", err
+		return 0, err
 	}
 	if ok, why := (Policy{}).Eligible(seg, cp, t.cfg.Now()); !ok {
 		return StateLocal, fmt.Errorf("%s: %w: %s", rel, ErrNotEligible, why)
 	}
 	var wait *WaitError
-	if err := t.Ship(ctx, seg, progress); errors.As(err, &wait) {
+	if err := t.shipper.Ship(ctx, seg, progress); errors.As(err, &wait) {
 		return StateLocal, fmt.Errorf("%s: %w: %s", rel, ErrNotEligible, wait.Why)
 	} else if err != nil {
-		return StateLocal, t.noteErr(seg.Partition, fmt.Errorf("ship %s: %w", rel, err))
+		return StateLocal, t.status.noteErr(seg.Partition, fmt.Errorf("ship %s: %w", rel, err))
 	}
 	return StateShipped, nil
 }
 
 // EvictNow frees the local bytes of the segment rel now, shipping it
 // first if it is not shipped yet.
-func (t *Tierer) EvictNow(ctx context.Context, rel string, progress chunkxfer.Progress) (string, error) {
-	if err := t.begin(); err != nil {
-		return "", err
+func (t *Tierer) EvictNow(ctx context.Context, rel string, progress chunkxfer.Progress) (tiered.State, error) {
+	if err := t.work.begin(); err != nil {
+		return 0, err
 	}
-	defer t.end()
+	defer t.work.end()
 	st, err := t.ShipNow(ctx, rel, progress)
 	if err != nil || st == StateRemote {
 		return st, err
 	}
-	seg, err := t.findSegment(rel)
+	seg, err := t.shipper.findSegment(rel)
 	if err != nil {
-		return "", err
+		return 0, err
 	}
-	if err := t.Evict(seg.Path); err != nil {
-		return st, t.noteErr(seg.Partition, fmt.Errorf("evict %s: %w", rel, err))
+	if err := t.evictor.Evict(seg.Path); err != nil {
+		return st, t.status.noteErr(seg.Partition, fmt.Errorf("evict %s: %w", rel, err))
 	}
 	rec, _, err := readRecord(seg.Path)
 	return rec.State, err
-}
-
-// findSegment is the segment at rel, with what eligibility needs.
-func (t *Tierer) findSegment(rel string) (Segment, error) {
-	if err := t.waitReady(); err != nil {
-		return Segment{}, err
-	}
-	rel = filepath.Clean(rel)
-	dir, name, ok := strings.Cut(rel, "/")
-	if !ok || strings.Contains(name, "/") || dir == ".." || filepath.IsAbs(rel) {
-		return Segment{}, fmt.Errorf("%s is not a segment (<partition dir>/<base offset>.log)", rel)
-	}
-	p, err := ScanPartition(t.cfg.Root, dir)
-	if err != nil {
-		return Segment{}, err
-	}
-	for _, seg := range p.Segments {
-		if filepath.Base(seg.Path) == name {
-			return seg, nil
-		}
-	}
-	return Segment{}, fmt.Errorf("%s is not a segment (<partition dir>/<base offset>.log)", rel)
 }

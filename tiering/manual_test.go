@@ -11,6 +11,7 @@ import (
 	"time"
 
 	"github.com/tierfs/tierfs/chunkxfer/store"
+	"github.com/tierfs/tierfs/internal/tiered"
 )
 
 func TestShipAndEvictByHand(t *testing.T) {
@@ -28,10 +29,10 @@ func TestShipAndEvictByHand(t *testing.T) {
 	b := bases["orders-0"]
 	rel := func(i int) string { return "orders-0/" + kafkaName(b[i], ".log") }
 	var last, total int64
-	var during string
+	var during tiered.State
 	st, err := tr.ShipNow(ctx, rel(0), func(done, tot int64) {
 		last, total = done, tot
-		during, _, _ = tr.State(filepath.Join(root, rel(0)))
+		during, _, _ = tr.copies.stateOf(filepath.Join(root, rel(0)))
 	})
 	if during != StateShipping {
 		t.Errorf("state while shipping: %s", during)
@@ -97,7 +98,7 @@ func TestTotalRetention(t *testing.T) {
 	if rep := mustPass(t, tr); rep.Shipped != 4 || rep.Evicted != 1 {
 		t.Fatalf("report %+v", rep)
 	}
-	if st, _, _ := tr.State(oldest); st != StateRemote {
+	if st, _, _ := tr.copies.stateOf(oldest); st != StateRemote {
 		t.Fatalf("oldest segment is %s", st)
 	}
 	if rep := mustPass(t, tr); rep.Evicted != 0 {
@@ -136,7 +137,7 @@ func TestDrainWaitsForTransfers(t *testing.T) {
 	default:
 		t.Fatal("Drain returned before the transfer under way was done")
 	}
-	if st, _, _ := tr.State(filepath.Join(root, rel)); st != StateShipped {
+	if st, _, _ := tr.copies.stateOf(filepath.Join(root, rel)); st != StateShipped {
 		t.Fatalf("state after drain: %s", st)
 	}
 	rel1 := "orders-0/" + kafkaName(bases["orders-0"][1], ".log")

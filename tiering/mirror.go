@@ -20,6 +20,11 @@ import (
 	"github.com/tierfs/tierfs/idx/kafka"
 )
 
+// mirror makes a read-only mount show the store's files (tierfs
+// mount --mirror): each a remote file, made and updated from the store's
+// listing.
+type mirror struct{ t *Tierer }
+
 // The reader role: a mount of the store alone. Mirror makes the root a
 // log dir of every segment shipped to the store, each an evicted file
 // (its bytes read from the store), with its indexes, snapshot and the
@@ -40,11 +45,11 @@ type MirrorReport struct {
 // mirrorCatalog is what the mirror put in the root: rel path → object key.
 type mirrorCatalog map[string]string
 
-func (t *Tierer) catalogPath() string { return filepath.Join(t.cfg.StateDir, "mirror.json") }
+func (mr *mirror) catalogPath() string { return filepath.Join(mr.t.cfg.StateDir, "mirror.json") }
 
-func (t *Tierer) loadCatalog() (mirrorCatalog, error) {
+func (mr *mirror) loadCatalog() (mirrorCatalog, error) {
 	c := mirrorCatalog{}
-	b, err := os.ReadFile(t.catalogPath())
+	b, err := os.ReadFile(mr.catalogPath())
 	if os.IsNotExist(err) {
 		return c, nil
 	}
@@ -52,20 +57,20 @@ func (t *Tierer) loadCatalog() (mirrorCatalog, error) {
 		return nil, err
 	}
 	if err := json.Unmarshal(b, &c); err != nil {
-		return nil, fmt.Errorf("%s: %w", t.catalogPath(), err)
+		return nil, fmt.Errorf("%s: %w", mr.catalogPath(), err)
 	}
 	return c, nil
 }
 
 // Mirror brings the root in line with the store: segments shipped since
 // the last pass appear, those whose objects went disappear.
-func (t *Tierer) Mirror(ctx context.Context) MirrorReport {
+func (mr *mirror) Mirror(ctx context.Context) MirrorReport {
 	var rep MirrorReport
-	if err := t.waitReady(); err != nil {
+	if err := mr.t.waitReady(); err != nil {
 		rep.Errors = append(rep.Errors, err)
 		return rep
 	}
-	objs, err := t.cfg.Store.List(ctx, "")
+	objs, err := mr.t.cfg.Store.List(ctx, "")
 	if err != nil {
 		rep.Errors = append(rep.Errors, fmt.Errorf("list the store: %w", err))
 		return rep
@@ -79,7 +84,7 @@ func (t *Tierer) Mirror(ctx context.Context) MirrorReport {
 		}
 	}
 	rep.PartitionsListed = len(partitions)
-	have, err := t.loadCatalog()
+	have, err := mr.loadCatalog()
 	if err != nil {
 		rep.Errors = append(rep.Errors, err)
 		return rep
@@ -90,15 +95,15 @@ func (t *Tierer) Mirror(ctx context.Context) MirrorReport {
 		if _, still := want[rel]; still {
 			continue // the same, or replaced below by a rename over it
 		}
-		if err := os.Remove(filepath.Join(t.cfg.Root, rel)); err != nil && !os.IsNotExist(err) {
+		if err := os.Remove(filepath.Join(mr.t.cfg.Root, rel)); err != nil && !os.IsNotExist(err) {
 			rep.Errors = append(rep.Errors, err)
 			continue
 		}
-		os.Remove(t.mirrorManifestPath(key))
+		os.Remove(mr.mirrorManifestPath(key))
 		delete(have, rel)
 		rep.Removed++
-		os.Remove(filepath.Join(t.cfg.Root, path.Dir(rel))) // the partition dir, once empty
-		if err := t.saveCatalog(have); err != nil {
+		os.Remove(filepath.Join(mr.t.cfg.Root, path.Dir(rel))) // the partition dir, once empty
+		if err := mr.saveCatalog(have); err != nil {
 			rep.Errors = append(rep.Errors, err)
 			return rep
 		}
@@ -113,16 +118,16 @@ func (t *Tierer) Mirror(ctx context.Context) MirrorReport {
 		if have[rel] == o.Key {
 			continue
 		}
-		if err := t.mirrorFile(ctx, rel, o); err != nil {
+		if err := mr.mirrorFile(ctx, rel, o); err != nil {
 			rep.Errors = append(rep.Errors, fmt.Errorf("mirror %s: %w", o.Key, err))
 			continue
 		}
 		if old := have[rel]; old != "" {
-			os.Remove(t.mirrorManifestPath(old)) // the version it replaced
+			os.Remove(mr.mirrorManifestPath(old)) // the version it replaced
 		}
 		have[rel] = o.Key
 		rep.Added++
-		if err := t.saveCatalog(have); err != nil {
+		if err := mr.saveCatalog(have); err != nil {
 			rep.Errors = append(rep.Errors, err)
 			return rep
 		}
@@ -130,16 +135,16 @@ func (t *Tierer) Mirror(ctx context.Context) MirrorReport {
 	return rep
 }
 
-func (t *Tierer) saveCatalog(c mirrorCatalog) error {
+func (mr *mirror) saveCatalog(c mirrorCatalog) error {
 	b, err := json.Marshal(c)
 	if err != nil {
 		return err
 	}
-	return writeFileAtomic(t.catalogPath(), b)
+	return writeFileAtomic(mr.catalogPath(), b)
 }
 
-func (t *Tierer) mirrorManifestPath(key string) string {
-	return filepath.Join(t.cfg.StateDir, manifestRel(key))
+func (mr *mirror) mirrorManifestPath(key string) string {
+	return filepath.Join(mr.t.cfg.StateDir, manifestRel(key))
 }
 
 // wantedFiles picks, from a listing of the store, the files of a log dir:
@@ -229,8 +234,8 @@ func wantedFiles(objs []store.ObjectInfo) map[string]store.ObjectInfo {
 // size, its record and manifest; no bytes), anything else downloaded.
 // It is made in the state dir and renamed into place whole, so the
 // mount never shows a stub without its record.
-func (t *Tierer) mirrorFile(ctx context.Context, rel string, o store.ObjectInfo) error {
-	tmpDir := filepath.Join(t.cfg.StateDir, "mirror-tmp")
+func (mr *mirror) mirrorFile(ctx context.Context, rel string, o store.ObjectInfo) error {
+	tmpDir := filepath.Join(mr.t.cfg.StateDir, "mirror-tmp")
 	if err := os.MkdirAll(tmpDir, 0o700); err != nil {
 		return err
 	}
@@ -243,7 +248,7 @@ func (t *Tierer) mirrorFile(ctx context.Context, rel string, o store.ObjectInfo)
 	defer f.Close()
 	mtime := o.ModTime
 	if path.Ext(rel) == kafka.KindLog {
-		m, err := chunkxfer.LoadManifest(ctx, t.cfg.Store, o.Key)
+		m, err := chunkxfer.LoadManifest(ctx, mr.t.cfg.Store, o.Key)
 		if err != nil {
 			return err
 		}
@@ -258,7 +263,7 @@ func (t *Tierer) mirrorFile(ctx context.Context, rel string, o store.ObjectInfo)
 			return err
 		}
 		manRel := manifestRel(o.Key)
-		if err := writeManifestCopy(t.mirrorManifestPath(o.Key), m); err != nil {
+		if err := writeManifestCopy(mr.mirrorManifestPath(o.Key), m); err != nil {
 			return err
 		}
 		rec := Record{State: StateRemote, Key: o.Key, ETag: m.ETag, Size: m.Size, MtimeNs: mtime.UnixNano(), Ino: st.Ino, Manifest: manRel, Freed: true}
@@ -266,7 +271,7 @@ func (t *Tierer) mirrorFile(ctx context.Context, rel string, o store.ObjectInfo)
 			return err
 		}
 	} else {
-		b, err := store.ReadAll(t.cfg.Store.Get(ctx, o.Key, 0, -1, store.GetOptions{}))
+		b, err := store.ReadAll(mr.t.cfg.Store.Get(ctx, o.Key, 0, -1, store.GetOptions{}))
 		if err != nil {
 			return err
 		}
@@ -284,7 +289,7 @@ func (t *Tierer) mirrorFile(ctx context.Context, rel string, o store.ObjectInfo)
 	if err := unix.UtimesNanoAt(unix.AT_FDCWD, tmp, []unix.Timespec{ts, ts}, 0); err != nil {
 		return err
 	}
-	dst := filepath.Join(t.cfg.Root, rel)
+	dst := filepath.Join(mr.t.cfg.Root, rel)
 	if err := os.MkdirAll(filepath.Dir(dst), 0o755); err != nil {
 		return err
 	}
@@ -293,17 +298,17 @@ func (t *Tierer) mirrorFile(ctx context.Context, rel string, o store.ObjectInfo)
 
 // RunMirror mirrors the store every interval until ctx ends (the
 // reader role's loop in place of Run).
-func (t *Tierer) RunMirror(ctx context.Context, interval time.Duration) {
+func (mr *mirror) RunMirror(ctx context.Context, interval time.Duration) {
 	tick := time.NewTicker(interval)
 	defer tick.Stop()
 	for {
-		rep := t.Mirror(ctx)
+		rep := mr.Mirror(ctx)
 		for _, err := range rep.Errors {
-			t.counters.Errors.Add(1)
-			t.cfg.Log.Warn("mirror", "err", err)
+			mr.t.counters.Errors.Add(1)
+			mr.t.cfg.Log.Warn("mirror", "err", err)
 		}
 		if rep.Added+rep.Removed > 0 {
-			t.cfg.Log.Info("mirrored the store", "segments", rep.Segments, "added", rep.Added, "removed", rep.Removed)
+			mr.t.cfg.Log.Info("mirrored the store", "segments", rep.Segments, "added", rep.Added, "removed", rep.Removed)
 		}
 		select {
 		case <-ctx.Done():
@@ -311,4 +316,15 @@ func (t *Tierer) RunMirror(ctx context.Context, interval time.Duration) {
 		case <-tick.C:
 		}
 	}
+}
+
+// Mirror brings the root in line with the store now (a reader's mount
+// does before it is announced), then every interval until ctx ends (0:
+// only now), and says what the first pass did.
+func (t *Tierer) Mirror(ctx context.Context, interval time.Duration) MirrorReport {
+	rep := t.mirror.Mirror(ctx)
+	if interval > 0 {
+		go t.mirror.RunMirror(ctx, interval)
+	}
+	return rep
 }

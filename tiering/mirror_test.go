@@ -30,7 +30,7 @@ func TestMirror(t *testing.T) {
 	}
 	before := writes()
 	ctx := context.Background()
-	rep := reader.Mirror(ctx)
+	rep := reader.mirror.Mirror(ctx)
 	if len(rep.Errors) > 0 {
 		t.Fatal(rep.Errors)
 	}
@@ -45,7 +45,7 @@ func TestMirror(t *testing.T) {
 			}
 			shipped++
 			mirrored := filepath.Join(readerRoot, p, kafkaName(base, ".log"))
-			if st, _, err := reader.State(mirrored); err != nil || st != StateRemote {
+			if st, _, err := reader.copies.stateOf(mirrored); err != nil || st != StateRemote {
 				t.Fatalf("%s: state %s %v", mirrored, st, err)
 			}
 			if sha(readAll(t, reader, mirrored)) != sums[seg] {
@@ -71,7 +71,7 @@ func TestMirror(t *testing.T) {
 	if shipped == 0 || rep.Segments != shipped {
 		t.Fatalf("%d shipped, %d mirrored", shipped, rep.Segments)
 	}
-	if again := reader.Mirror(ctx); again.Added+again.Removed != 0 || len(again.Errors) > 0 {
+	if again := reader.mirror.Mirror(ctx); again.Added+again.Removed != 0 || len(again.Errors) > 0 {
 		t.Fatalf("a second pass changed things: %+v", again)
 	}
 	// A reader pass never ships: its root's segments are all remote.
@@ -87,7 +87,7 @@ func TestMirror(t *testing.T) {
 		os.Remove(strings.TrimSuffix(seg0, ".log") + ext)
 	}
 	mustPass(t, leader)
-	rep = reader.Mirror(ctx)
+	rep = reader.mirror.Mirror(ctx)
 	if rep.Removed < 1 || len(rep.Errors) > 0 {
 		t.Fatalf("after a deletion: %+v", rep)
 	}

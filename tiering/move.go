@@ -57,9 +57,9 @@ type Move struct {
 	mtimeNs int64    // GUARDED_BY(mu)
 	done    bool     // the file is local: use it; GUARDED_BY(mu)
 
-	remote   RemoteReader // the store's copy, for original bytes
-	cause    tiered.Cause // what started it
-	begun    sync.Once    // the download starts at the first change
+	remote   tiered.Reader // the store's copy, for original bytes
+	cause    tiered.Cause  // what started it
+	begun    sync.Once     // the download starts at the first change
 	finished chan struct{}
 	err      error // of the move, once finished
 }
@@ -85,62 +85,35 @@ type moveHeader struct {
 	Cause tiered.Cause `json:"cause,omitempty"` // absent in logs of older versions: a write
 }
 
-func (t *Tierer) catchupPath(ino uint64) string {
-	return filepath.Join(t.cfg.StateDir, "catchup", strconv.FormatUint(ino, 10)+".log")
+func (ms *moves) catchupPath(ino uint64) string {
+	return filepath.Join(ms.t.cfg.StateDir, "catchup", strconv.FormatUint(ino, 10)+".log")
 }
 
-// Mover is what the file system does with a moving file (a *Move); an
-// alias, so fs can name the same type without importing tiering.
-type Mover = interface {
-	ReadAt(p []byte, off int64) (int, error)
-	WriteAt(p []byte, off int64) (int, error)
-	Truncate(size int64) error
-	Sync() error
-	Attr() (size, mtimeNs int64)
-}
-
-// Moving is the move under way of inode ino, or nil.
-func (t *Tierer) Moving(ino uint64) Mover {
-	if t.nmoves.Load() == 0 {
-		return nil
-	}
-	t.mu.Lock()
-	defer t.mu.Unlock()
-	if m := t.moves[ino]; m != nil {
-		return m
-	}
-	return nil
-}
-
-// StartMove makes the evicted file rel (from the root) moving, or
+// startMoveOf makes the evicted file rel (from the root) moving, or
 // returns its move under way. A file that is not remote has no move:
 // nil, nil. The caller is about to make the change cause names through
 // the move; nothing is downloaded until a change is in its log.
-func (t *Tierer) StartMove(rel string, ino uint64, cause tiered.Cause) (Mover, error) {
-	if err := t.waitReady(); err != nil {
+func (ms *moves) startMoveOf(rel string, ino uint64, cause tiered.Cause) (*Move, error) {
+	if err := ms.t.waitReady(); err != nil {
 		return nil, err
 	}
-	t.moveMu.Lock()
-	defer t.moveMu.Unlock()
-	if m := t.Moving(ino); m != nil {
+	ms.t.moves.start.Lock()
+	defer ms.t.moves.start.Unlock()
+	if m := ms.t.moves.of(ino); m != nil {
 		return m, nil
 	}
-	m, err := t.startMove(rel, ino, nil, cause)
-	if m == nil || err != nil {
-		return nil, err
-	}
-	return m, nil
+	return ms.startMove(rel, ino, nil, cause)
 }
 
 // startMove begins a move; old, when set, is the catch-up log of a move
 // a crash interrupted, replayed into the new one (whose download then
 // starts at once: its log holds changes).
-func (t *Tierer) startMove(rel string, ino uint64, old *os.File, cause tiered.Cause) (*Move, error) {
-	path := filepath.Join(t.cfg.Root, rel)
-	if !t.claim("ino:" + strconv.FormatUint(ino, 10)) {
+func (ms *moves) startMove(rel string, ino uint64, old *os.File, cause tiered.Cause) (*Move, error) {
+	path := filepath.Join(ms.t.cfg.Root, rel)
+	if !ms.t.claims.take(inodeClaim(ino)) {
 		return nil, fmt.Errorf("%s: %w", rel, ErrBusy)
 	}
-	release := func() { t.release("ino:" + strconv.FormatUint(ino, 10)) }
+	release := func() { ms.t.claims.release(inodeClaim(ino)) }
 	f, err := os.OpenFile(path, os.O_RDWR, 0)
 	if err != nil {
 		release()
@@ -165,13 +138,13 @@ func (t *Tierer) startMove(rel string, ino uint64, old *os.File, cause tiered.Ca
 	if st.Ino != ino || rec.Ino != ino || st.Size != rec.Size {
 		return fail(fmt.Errorf("%s is another file now (inode %d, %d bytes; recorded %d, %d bytes)", path, st.Ino, st.Size, rec.Ino, rec.Size))
 	}
-	src, err := t.openSource(rec)
+	src, err := ms.t.copies.openSource(rec)
 	if err != nil {
 		return fail(err)
 	}
-	m := &Move{t: t, rel: rel, fd: f, rec: rec, size: rec.Size, cut: rec.Size, mtimeNs: rec.MtimeNs, cause: cause, finished: make(chan struct{})}
+	m := &Move{t: ms.t, rel: rel, fd: f, rec: rec, size: rec.Size, cut: rec.Size, mtimeNs: rec.MtimeNs, cause: cause, finished: make(chan struct{})}
 	m.remote = src
-	if err := os.MkdirAll(filepath.Dir(t.catchupPath(ino)), 0o700); err != nil {
+	if err := os.MkdirAll(filepath.Dir(ms.catchupPath(ino)), 0o700); err != nil {
 		return fail(err)
 	}
 	if old != nil {
@@ -180,7 +153,7 @@ func (t *Tierer) startMove(rel string, ino uint64, old *os.File, cause tiered.Ca
 			return fail(err)
 		}
 	} else {
-		lf, err := os.OpenFile(t.catchupPath(ino), os.O_RDWR|os.O_CREATE|os.O_TRUNC, 0o600)
+		lf, err := os.OpenFile(ms.catchupPath(ino), os.O_RDWR|os.O_CREATE|os.O_TRUNC, 0o600)
 		if err != nil {
 			return fail(err)
 		}
@@ -198,10 +171,8 @@ func (t *Tierer) startMove(rel string, ino uint64, old *os.File, cause tiered.Ca
 			return fail(err)
 		}
 	}
-	t.mu.Lock()
-	t.moves[ino] = m
-	t.mu.Unlock()
-	t.nmoves.Add(1)
+	ms.t.moves.add(ino, m)
+	ms.t.handles.changed(ino)
 	if old != nil {
 		m.begin("recovered", true)
 	}
@@ -225,7 +196,7 @@ func (m *Move) begin(what string, recovered bool) {
 // fails; the ino claim taken by startMove is released at the end.
 func (m *Move) download(path string) {
 	t := m.t
-	defer t.release("ino:" + strconv.FormatUint(m.rec.Ino, 10))
+	defer t.claims.release(inodeClaim(m.rec.Ino))
 	defer close(m.finished)
 	// Until it is in: a store that is down delays the move, and
 	// meanwhile writes go on into the log.
@@ -481,7 +452,7 @@ func (m *Move) run(ctx context.Context) error {
 		return err
 	}
 	if needOriginal {
-		if err := t.fetchInto(ctx, m.rec, m.fd); err != nil {
+		if err := t.hydrator.fetchInto(ctx, m.rec, m.fd); err != nil {
 			return err
 		}
 	}
@@ -516,11 +487,8 @@ func (m *Move) run(ctx context.Context) error {
 		return err
 	}
 	m.done = true
-	t.mu.Lock()
-	delete(t.moves, m.rec.Ino)
-	t.mu.Unlock()
-	t.nmoves.Add(-1)
-	t.hydrations.Add(1)
+	t.moves.remove(m.rec.Ino)
+	t.handles.changed(m.rec.Ino)
 	t.counters.HydratedSegments[m.cause].Add(1)
 	t.counters.HydratedBytes[m.cause].Add(m.rec.Size)
 	m.remote.Close()
@@ -536,20 +504,20 @@ func procPath(f *os.File) string { return "/proc/self/fd/" + strconv.Itoa(int(f.
 // recoverMoves starts again the moves a crash interrupted: the bytes
 // they had put in are freed first (they are remote and unfreed), then
 // each move replays its log into a new download.
-func (t *Tierer) recoverMoves() {
-	logs, _ := filepath.Glob(filepath.Join(t.cfg.StateDir, "catchup", "*.log"))
+func (ms *moves) recoverMoves() {
+	logs, _ := filepath.Glob(filepath.Join(ms.t.cfg.StateDir, "catchup", "*.log"))
 	for _, p := range logs {
-		if err := t.recoverMove(p); err != nil {
-			t.counters.Errors.Add(1)
-			lost := filepath.Join(t.cfg.StateDir, "catchup", "lost")
+		if err := ms.recoverMove(p); err != nil {
+			ms.t.counters.Errors.Add(1)
+			lost := filepath.Join(ms.t.cfg.StateDir, "catchup", "lost")
 			os.MkdirAll(lost, 0o700)
 			os.Rename(p, filepath.Join(lost, filepath.Base(p)))
-			t.cfg.Log.Error("a catch-up log could not be applied; kept aside", "log", filepath.Join(lost, filepath.Base(p)), "err", err)
+			ms.t.cfg.Log.Error("a catch-up log could not be applied; kept aside", "log", filepath.Join(lost, filepath.Base(p)), "err", err)
 		}
 	}
 }
 
-func (t *Tierer) recoverMove(p string) error {
+func (ms *moves) recoverMove(p string) error {
 	f, err := os.OpenFile(p, os.O_RDWR, 0)
 	if err != nil {
 		return err
@@ -572,7 +540,7 @@ func (t *Tierer) recoverMove(p string) error {
 		f.Close()
 		return err
 	}
-	path := filepath.Join(t.cfg.Root, h.Rel)
+	path := filepath.Join(ms.t.cfg.Root, h.Rel)
 	rec, has, err := readRecord(path)
 	if err != nil || !has || rec.Key != h.Key || rec.Ino != h.Ino {
 		f.Close()
@@ -582,7 +550,7 @@ func (t *Tierer) recoverMove(p string) error {
 		return err
 	}
 	if rec.State == StateRemote && !rec.Freed {
-		if _, err := t.finishEvict(Segment{Path: path}, rec); err != nil {
+		if _, err := ms.t.evictor.finishEvict(Segment{Path: path}, rec); err != nil {
 			f.Close()
 			return err
 		}
@@ -591,15 +559,15 @@ func (t *Tierer) recoverMove(p string) error {
 		// The crash came before the first change was logged: no write
 		// was acknowledged, and the file stays remote.
 		f.Close()
-		t.cfg.Log.Info("a move a crash interrupted before its first change is dropped; the file stays remote", "path", path, "log", p)
+		ms.t.cfg.Log.Info("a move a crash interrupted before its first change is dropped; the file stays remote", "path", path, "log", p)
 		return os.Remove(p)
 	}
 	if h.Cause >= tiered.NumCauses {
 		h.Cause = tiered.CauseWrite
 	}
-	t.moveMu.Lock()
-	defer t.moveMu.Unlock()
-	m, err := t.startMove(h.Rel, h.Ino, f, h.Cause)
+	ms.t.moves.start.Lock()
+	defer ms.t.moves.start.Unlock()
+	m, err := ms.startMove(h.Rel, h.Ino, f, h.Cause)
 	if err != nil || m == nil {
 		f.Close()
 		if err == nil {
@@ -607,6 +575,6 @@ func (t *Tierer) recoverMove(p string) error {
 		}
 		return err
 	}
-	t.cfg.Log.Info("resumed a move a crash interrupted", "path", path, "log", p)
+	ms.t.cfg.Log.Info("resumed a move a crash interrupted", "path", path, "log", p)
 	return nil
 }

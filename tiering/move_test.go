@@ -102,12 +102,12 @@ func TestMoveCatchUp(t *testing.T) {
 		rel, ino, orig := evictedSegment(t, tr, root, bases)
 		// A slow store: the download takes longer than the writes.
 		s.Inject(store.Fault{Op: store.OpGet, Latency: 50 * time.Millisecond})
-		m, err := tr.StartMove(rel, ino, tiered.CauseWrite)
+		m, err := tr.moves.startMoveOf(rel, ino, tiered.CauseWrite)
 		if err != nil || m == nil {
 			t.Fatalf("start move: %v", err)
 		}
-		if again, _ := tr.StartMove(rel, ino, tiered.CauseWrite); again != m || tr.Moving(ino) != m {
-			t.Fatal("a second StartMove made another move")
+		if again, _ := tr.moves.startMoveOf(rel, ino, tiered.CauseWrite); again != m || tr.moves.of(ino) != m {
+			t.Fatal("a second start made another move")
 		}
 		model := append([]byte(nil), orig...)
 		r := rand.New(rand.NewPCG(seed, 7))
@@ -116,10 +116,10 @@ func TestMoveCatchUp(t *testing.T) {
 		if d := time.Since(t0); d > 2*time.Second {
 			t.Errorf("150 ops took %v: they waited for the download", d)
 		}
-		if err := m.(*Move).Wait(); err != nil {
+		if err := m.Wait(); err != nil {
 			t.Fatal(err)
 		}
-		if tr.Moving(ino) != nil {
+		if tr.moves.of(ino) != nil {
 			t.Fatal("still moving")
 		}
 		if _, err := m.WriteAt([]byte("x"), 0); !errors.Is(err, os.ErrClosed) {
@@ -133,7 +133,7 @@ func TestMoveCatchUp(t *testing.T) {
 		if _, has, _ := readRecord(p); has {
 			t.Error("a changed file kept its record")
 		}
-		if _, err := os.Stat(tr.catchupPath(ino)); !os.IsNotExist(err) {
+		if _, err := os.Stat(tr.moves.catchupPath(ino)); !os.IsNotExist(err) {
 			t.Error("the catch-up log is left")
 		}
 		// The stale copy goes at the next passes, and the file ships
@@ -150,13 +150,13 @@ func TestMoveTruncateToZeroNeedsNoDownload(t *testing.T) {
 	tr := newTierer(t, root, s, 1<<40)
 	rel, ino, _ := evictedSegment(t, tr, root, bases)
 	gets := s.Calls(store.OpGet)
-	m, err := tr.StartMove(rel, ino, tiered.CauseWrite)
+	m, err := tr.moves.startMoveOf(rel, ino, tiered.CauseWrite)
 	if err != nil {
 		t.Fatal(err)
 	}
 	m.Truncate(0)
 	m.WriteAt([]byte("new"), 0)
-	if err := m.(*Move).Wait(); err != nil {
+	if err := m.Wait(); err != nil {
 		t.Fatal(err)
 	}
 	if b, _ := os.ReadFile(filepath.Join(root, rel)); string(b) != "new" {
@@ -176,7 +176,7 @@ func TestMoveRecoversAfterCrash(t *testing.T) {
 	tr1 := newTierer(t, root, s, 1<<40) // closed below, as if tierfs died
 	rel, ino, orig := evictedSegment(t, tr1, root, bases)
 	s.Inject(store.Fault{Op: store.OpGet, Err: errors.New("injected outage")})
-	m, err := tr1.StartMove(rel, ino, tiered.CauseWrite)
+	m, err := tr1.moves.startMoveOf(rel, ino, tiered.CauseWrite)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -197,23 +197,23 @@ func TestMoveRecoversAfterCrash(t *testing.T) {
 	model = model[:len(model)-100]
 	m.Sync()
 	tr1.Close() // as if tierfs died: the move stops retrying
-	if err := m.(*Move).Wait(); err == nil {
+	if err := m.Wait(); err == nil {
 		t.Fatal("the move succeeded with the store down")
 	}
 	// A torn record at the end, as a crash mid-append leaves.
-	lf, _ := os.OpenFile(tr1.catchupPath(ino), os.O_WRONLY|os.O_APPEND, 0)
+	lf, _ := os.OpenFile(tr1.moves.catchupPath(ino), os.O_WRONLY|os.O_APPEND, 0)
 	lf.Write([]byte{1, 2, 3, 4, recWrite, 0, 0})
 	lf.Close()
 	s.ClearFaults()
 
 	tr2 := newTierer(t, root, s, 1<<40)
 	mustPass(t, tr2) // resumes the move
-	if mv := tr2.Moving(ino); mv != nil {
-		if err := mv.(*Move).Wait(); err != nil {
+	if mv := tr2.moves.of(ino); mv != nil {
+		if err := mv.Wait(); err != nil {
 			t.Fatal(err)
 		}
 	}
-	if _, err := os.Stat(tr2.catchupPath(ino)); !os.IsNotExist(err) {
+	if _, err := os.Stat(tr2.moves.catchupPath(ino)); !os.IsNotExist(err) {
 		t.Fatalf("the catch-up log was not applied: %v", err)
 	}
 	if lost, _ := filepath.Glob(filepath.Join(root, ".tierfs", "catchup", "lost", "*")); len(lost) > 0 {
@@ -236,7 +236,7 @@ func TestMoveWithoutChangeDownloadsNothing(t *testing.T) {
 	tr := newTierer(t, root, s, 1<<40)
 	rel, ino, orig := evictedSegment(t, tr, root, bases)
 	gets := s.Calls(store.OpGet)
-	m, err := tr.StartMove(rel, ino, tiered.CauseTruncate)
+	m, err := tr.moves.startMoveOf(rel, ino, tiered.CauseTruncate)
 	if err != nil || m == nil {
 		t.Fatalf("start move: %v", err)
 	}
@@ -258,14 +258,14 @@ func TestMoveWithoutChangeDownloadsNothing(t *testing.T) {
 			t.Fatalf("%d moves counted (%s) for a move with no change", n, c)
 		}
 	}
-	if st, _, _ := tr.State(filepath.Join(root, rel)); st != StateRemote {
+	if st, _, _ := tr.copies.stateOf(filepath.Join(root, rel)); st != StateRemote {
 		t.Fatalf("state %s, want remote", st)
 	}
 	// The first real change starts it.
 	if err := m.Truncate(100); err != nil {
 		t.Fatal(err)
 	}
-	if err := m.(*Move).Wait(); err != nil {
+	if err := m.Wait(); err != nil {
 		t.Fatal(err)
 	}
 	if b, _ := os.ReadFile(filepath.Join(root, rel)); !bytes.Equal(b, orig[:100]) {
@@ -290,22 +290,22 @@ func TestMoveCrashBeforeFirstChangeKeepsFileRemote(t *testing.T) {
 	p := filepath.Join(root, rel)
 	var evicted syscall.Stat_t
 	syscall.Stat(p, &evicted)
-	if _, err := tr1.StartMove(rel, ino, tiered.CauseWrite); err != nil {
+	if _, err := tr1.moves.startMoveOf(rel, ino, tiered.CauseWrite); err != nil {
 		t.Fatal(err)
 	}
 	tr1.Close() // as if tierfs died
-	if _, err := os.Stat(tr1.catchupPath(ino)); err != nil {
+	if _, err := os.Stat(tr1.moves.catchupPath(ino)); err != nil {
 		t.Fatalf("no catch-up log: %v", err)
 	}
 	tr2 := newTierer(t, root, s, 1<<40)
 	mustPass(t, tr2)
-	if tr2.Moving(ino) != nil {
+	if tr2.moves.of(ino) != nil {
 		t.Fatal("a move with no change was resumed")
 	}
-	if _, err := os.Stat(tr2.catchupPath(ino)); !os.IsNotExist(err) {
+	if _, err := os.Stat(tr2.moves.catchupPath(ino)); !os.IsNotExist(err) {
 		t.Fatalf("the empty catch-up log is left: %v", err)
 	}
-	if st, _, _ := tr2.State(p); st != StateRemote {
+	if st, _, _ := tr2.copies.stateOf(p); st != StateRemote {
 		t.Fatalf("state %s, want remote", st)
 	}
 	c := tr2.Counters()

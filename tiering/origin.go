@@ -13,9 +13,9 @@ import (
 // Origin is who shipped one of a partition's segments: the brokers
 // whose objects hold its bytes (tierfs status --segments).
 type Origin struct {
-	Base  int64  `json:"base"`
-	Key   string `json:"key"`   // the segment's object name (its own, even when mapped)
-	State string `json:"state"` // shipping, shipped or deleting
+	Base  int64         `json:"base"`
+	Key   string        `json:"key"`   // the segment's object name (its own, even when mapped)
+	State ShipmentState `json:"state"` // shipping, shipped or deleting
 	// Uploaded: this mount uploaded (some of) its bytes; otherwise they
 	// are all in other brokers' objects, mapped.
 	Uploaded bool `json:"uploaded"`

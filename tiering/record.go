@@ -6,31 +6,34 @@ import (
 	"fmt"
 
 	"golang.org/x/sys/unix"
+
+	"github.com/tierfs/tierfs/internal/tiered"
 )
 
 // The state of a shipped segment lives on its own inode, in the
 // trusted.tierfs extended attribute, so it follows the file through
 // renames, disappears with it, and changes atomically. No xattr means
 // local. fs hides trusted.tierfs.* from the mount.
-const recordXattr = "trusted.tierfs"
+const recordXattr = tiered.HiddenXattrPrefix
 
-// Segment states.
+// Segment states (see tiered.State).
 const (
-	StateLocal   = "local"
-	StateShipped = "shipped" // verified copy in the store, local bytes kept
-	StateRemote  = "remote"  // local bytes freed: reads go to the store
+	StateLocal    = tiered.StateLocal
+	StateShipping = tiered.StateShipping // being uploaded; no record yet
+	StateShipped  = tiered.StateShipped  // verified copy in the store, local bytes kept
+	StateRemote   = tiered.StateRemote   // local bytes freed: reads go to the store
 )
 
 // Record is what the xattr holds.
 type Record struct {
-	Version  int    `json:"v"`
-	State    string `json:"state"`
-	Key      string `json:"key"`      // the .log object
-	ETag     string `json:"etag"`     // of that object
-	Size     int64  `json:"size"`     // of the file when shipped
-	MtimeNs  int64  `json:"mtime_ns"` // restored after the hole punch
-	Ino      uint64 `json:"ino"`
-	Manifest string `json:"manifest"` // local copy of the manifest, relative to the state dir
+	Version  int          `json:"v"`
+	State    tiered.State `json:"state"`
+	Key      string       `json:"key"`      // the .log object
+	ETag     string       `json:"etag"`     // of that object
+	Size     int64        `json:"size"`     // of the file when shipped
+	MtimeNs  int64        `json:"mtime_ns"` // restored after the hole punch
+	Ino      uint64       `json:"ino"`
+	Manifest string       `json:"manifest"` // local copy of the manifest, relative to the state dir
 	// Freed is set once a remote file's bytes were punched out and its
 	// mtime restored; a remote record without it is an eviction that a
 	// crash interrupted.

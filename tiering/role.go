@@ -106,6 +106,10 @@ func (r *roles) get() Role {
 }
 
 // of is partition's role now.
+// follows says whether the mount ships nothing of partition now (it
+// maps its segments onto other brokers' uploads).
+func (r *roles) follows(partition string) bool { return r.of(partition).Role == RoleFollower }
+
 func (r *roles) of(partition string) PartitionRole {
 	switch role := r.get(); {
 	case role == RoleLeader || role == RoleFollower:

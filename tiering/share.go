@@ -16,6 +16,11 @@ import (
 	"github.com/tierfs/tierfs/idx"
 )
 
+// storeIndex keeps each partition's index in the store in step with the
+// local one: read when another broker changed it, appended to by
+// compare-and-swap, and the references that keep shared objects alive.
+type storeIndex struct{ t *Tierer }
+
 // Several brokers share one store (docs/design.md): each mount of a
 // partition's replicas sees the same store prefix.
 //
@@ -62,24 +67,24 @@ type storeState struct {
 	Shared bool `json:"shared,omitempty"`
 }
 
-func (t *Tierer) storeStatePath(partition string) string {
-	return filepath.Join(t.cfg.StateDir, "idx", partition, "store.json")
+func (si *storeIndex) storeStatePath(partition string) string {
+	return filepath.Join(si.t.cfg.StateDir, "idx", partition, "store.json")
 }
 
-func (t *Tierer) loadStoreState(partition string) storeState {
+func (si *storeIndex) loadStoreState(partition string) storeState {
 	var s storeState
-	if b, err := os.ReadFile(t.storeStatePath(partition)); err == nil {
+	if b, err := os.ReadFile(si.storeStatePath(partition)); err == nil {
 		json.Unmarshal(b, &s)
 	}
 	return s
 }
 
-func (t *Tierer) saveStoreState(partition string, s storeState) error {
+func (si *storeIndex) saveStoreState(partition string, s storeState) error {
 	b, err := json.Marshal(s)
 	if err != nil {
 		return err
 	}
-	return writeFileAtomic(t.storeStatePath(partition), b)
+	return writeFileAtomic(si.storeStatePath(partition), b)
 }
 
 // syncIndex makes the local copy of a partition's index the store's, if
@@ -87,20 +92,20 @@ func (t *Tierer) saveStoreState(partition string, s storeState) error {
 // whether it did. An index another broker changes between its HEAD and
 // its GET is read again (up to maxIndexTries times). Call it with the
 // partition locked.
-func (t *Tierer) syncIndex(ctx context.Context, partition string) (bool, error) {
+func (si *storeIndex) syncIndex(ctx context.Context, partition string) (bool, error) {
 	for try := 1; ; try++ {
-		took, err := t.syncIndexOnce(ctx, partition)
+		took, err := si.syncIndexOnce(ctx, partition)
 		if !errors.Is(err, store.ErrPrecondition) || try == maxIndexTries {
 			return took, err
 		}
-		t.cfg.Log.Debug("the store's index changed while it was read; reading it again", "partition", partition, "try", try)
+		si.t.cfg.Log.Debug("the store's index changed while it was read; reading it again", "partition", partition, "try", try)
 	}
 }
 
-func (t *Tierer) syncIndexOnce(ctx context.Context, partition string) (bool, error) {
+func (si *storeIndex) syncIndexOnce(ctx context.Context, partition string) (bool, error) {
 	key := partition + "/" + idx.FileName
-	st := t.loadStoreState(partition)
-	info, err := t.cfg.Store.Head(ctx, key)
+	st := si.loadStoreState(partition)
+	info, err := si.t.cfg.Store.Head(ctx, key)
 	switch {
 	case errors.Is(err, store.ErrNotFound):
 		if st.ETag == "" {
@@ -114,7 +119,7 @@ func (t *Tierer) syncIndexOnce(ctx context.Context, partition string) (bool, err
 	}
 	var data []byte
 	if info.ETag != "" {
-		data, err = store.ReadAll(t.cfg.Store.Get(ctx, key, 0, -1, store.GetOptions{IfMatch: info.ETag}))
+		data, err = store.ReadAll(si.t.cfg.Store.Get(ctx, key, 0, -1, store.GetOptions{IfMatch: info.ETag}))
 		if err != nil {
 			return false, fmt.Errorf("read the index of %s from the store: %w", partition, err)
 		}
@@ -124,33 +129,28 @@ func (t *Tierer) syncIndexOnce(ctx context.Context, partition string) (bool, err
 			return false, fmt.Errorf("the store's %s has a torn entry at %d", key, valid)
 		}
 	}
-	if err := t.replaceIndex(partition, data); err != nil {
+	if err := si.replaceIndex(partition, data); err != nil {
 		return false, err
 	}
-	if err := t.saveStoreState(partition, storeState{ETag: info.ETag, Shared: st.Shared || info.ETag != ""}); err != nil {
+	if err := si.saveStoreState(partition, storeState{ETag: info.ETag, Shared: st.Shared || info.ETag != ""}); err != nil {
 		return false, err
 	}
-	t.cfg.Log.Debug("took the store's index", "partition", partition, "bytes", len(data))
+	si.t.cfg.Log.Debug("took the store's index", "partition", partition, "bytes", len(data))
 	return true, nil
 }
 
 // replaceIndex replaces the local index file of a partition with data,
 // and its remote offset and time indexes with ones built from it.
-func (t *Tierer) replaceIndex(partition string, data []byte) error {
-	t.mu.Lock()
-	if f := t.indexes[partition]; f != nil {
-		f.Close()
-		delete(t.indexes, partition)
-	}
-	t.mu.Unlock()
-	dir := filepath.Join(t.cfg.StateDir, "idx", partition)
+func (si *storeIndex) replaceIndex(partition string, data []byte) error {
+	si.t.indexes.forget(partition)
+	dir := si.t.indexes.path(partition)
 	if err := os.MkdirAll(dir, 0o755); err != nil {
 		return err
 	}
 	if err := writeFileAtomic(filepath.Join(dir, idx.FileName), data); err != nil {
 		return err
 	}
-	f, err := t.indexFile(partition)
+	f, err := si.t.indexes.file(partition)
 	if err != nil {
 		return err
 	}
@@ -204,7 +204,7 @@ func writeAllRemoteIndexes(dir string, f *idx.File) error {
 // putIndex ships the partition's index file as it is now, on the
 // condition that the store's is still the one this mount last saw
 // (ErrIndexMoved otherwise). Call it with the partition locked.
-func (t *Tierer) putIndex(ctx context.Context, partition string, f *idx.File) error {
+func (si *storeIndex) putIndex(ctx context.Context, partition string, f *idx.File) error {
 	var data []byte
 	var err error
 	f.View(func(x *idx.Index) {
@@ -214,18 +214,18 @@ func (t *Tierer) putIndex(ctx context.Context, partition string, f *idx.File) er
 	if err != nil {
 		return err
 	}
-	st := t.loadStoreState(partition)
+	st := si.loadStoreState(partition)
 	cond := store.PutCond{IfMatch: st.ETag, IfNoneMatch: st.ETag == ""}
-	info, err := t.cfg.Store.PutIf(ctx, partition+"/"+idx.FileName, bytes.NewReader(data), int64(len(data)), cond)
+	info, err := si.t.cfg.Store.PutIf(ctx, partition+"/"+idx.FileName, bytes.NewReader(data), int64(len(data)), cond)
 	if errors.Is(err, store.ErrPrecondition) {
 		// What this mount appended is dropped; the next pass decides
 		// again from the store's index.
-		if _, serr := t.syncIndex(ctx, partition); errors.Is(serr, store.ErrPrecondition) {
+		if _, serr := si.syncIndex(ctx, partition); errors.Is(serr, store.ErrPrecondition) {
 			// It changed again between its HEAD and GET: another race,
 			// taken at the next try.
-			t.cfg.Log.Debug("the store's index changed while it was read", "partition", partition)
+			si.t.cfg.Log.Debug("the store's index changed while it was read", "partition", partition)
 		} else if serr != nil {
-			t.cfg.Log.Warn("cannot read the store's index after losing a race to it", "partition", partition, "err", serr)
+			si.t.cfg.Log.Warn("cannot read the store's index after losing a race to it", "partition", partition, "err", serr)
 		}
 		return fmt.Errorf("%s: %w", partition, ErrIndexMoved)
 	}
@@ -233,11 +233,11 @@ func (t *Tierer) putIndex(ctx context.Context, partition string, f *idx.File) er
 		return err
 	}
 	if info.ETag == "" {
-		if info, err = t.cfg.Store.Head(ctx, partition+"/"+idx.FileName); err != nil {
+		if info, err = si.t.cfg.Store.Head(ctx, partition+"/"+idx.FileName); err != nil {
 			return err
 		}
 	}
-	return t.saveStoreState(partition, storeState{ETag: info.ETag, Shared: st.Shared})
+	return si.saveStoreState(partition, storeState{ETag: info.ETag, Shared: st.Shared})
 }
 
 // References. A holder is a file of this mount, named by its own key's
@@ -272,31 +272,31 @@ var ErrObjectDeleting = errors.New("its owner is deleting it")
 // owner puts its marker before it lists the references, so either it
 // sees this reference and keeps the object, or this sees its marker (or
 // the object gone) and takes nothing.
-func (t *Tierer) takeRef(ctx context.Context, key, etag, holder string) error {
+func (si *storeIndex) takeRef(ctx context.Context, key, etag, holder string) error {
 	ref := refKey(key, holder)
-	if _, err := t.cfg.Store.Put(ctx, ref, bytes.NewReader(nil), 0); err != nil {
+	if _, err := si.t.cfg.Store.Put(ctx, ref, bytes.NewReader(nil), 0); err != nil {
 		return err
 	}
-	_, err := t.cfg.Store.Head(ctx, deletingKey(key))
+	_, err := si.t.cfg.Store.Head(ctx, deletingKey(key))
 	switch {
 	case err == nil:
 		err = fmt.Errorf("%s: %w", key, ErrObjectDeleting)
 	case errors.Is(err, store.ErrNotFound):
 		var info store.ObjectInfo
-		info, err = t.cfg.Store.Head(ctx, key)
+		info, err = si.t.cfg.Store.Head(ctx, key)
 		if err == nil && info.ETag != etag {
 			err = fmt.Errorf("%s was replaced (etag %s, mapped %s): %w", key, info.ETag, etag, store.ErrNotFound)
 		}
 	}
 	if err != nil {
-		deleteObject(ctx, t.cfg.Store, ref)
+		deleteObject(ctx, si.t.cfg.Store, ref)
 		return err
 	}
 	return nil
 }
 
 // takeRefs references every object of extents for holder.
-func (t *Tierer) takeRefs(ctx context.Context, es []Extent, holder string) error {
+func (si *storeIndex) takeRefs(ctx context.Context, es []Extent, holder string) error {
 	for _, k := range extentKeys(es) {
 		if ownedBy(k, holder) {
 			continue
@@ -308,7 +308,7 @@ func (t *Tierer) takeRefs(ctx context.Context, es []Extent, holder string) error
 				break
 			}
 		}
-		if err := t.takeRef(ctx, k, etag, holder); err != nil {
+		if err := si.takeRef(ctx, k, etag, holder); err != nil {
 			return err
 		}
 	}
@@ -322,26 +322,26 @@ var errReferenced = errors.New("another broker's files still read from it")
 // manifests) unless another broker references one of them: a deletion
 // marker goes first, then the references are listed; with none, the
 // objects go, and the marker last.
-func (t *Tierer) deleteOwn(ctx context.Context, key string, objs []string) error {
-	if err := putEmpty(ctx, t.cfg.Store, deletingKey(key)); err != nil {
+func (si *storeIndex) deleteOwn(ctx context.Context, key string, objs []string) error {
+	if err := putEmpty(ctx, si.t.cfg.Store, deletingKey(key)); err != nil {
 		return err
 	}
-	refs, err := t.cfg.Store.List(ctx, refPrefix(key))
+	refs, err := si.t.cfg.Store.List(ctx, refPrefix(key))
 	if err != nil {
 		return err
 	}
 	if len(refs) > 0 {
-		if err := deleteObject(ctx, t.cfg.Store, deletingKey(key)); err != nil {
+		if err := deleteObject(ctx, si.t.cfg.Store, deletingKey(key)); err != nil {
 			return err
 		}
 		return fmt.Errorf("%s: %d references, the first %s: %w", key, len(refs), refHolder(refs[0].Key), errReferenced)
 	}
 	for _, k := range objs {
-		if err := deleteObject(ctx, t.cfg.Store, k); err != nil {
+		if err := deleteObject(ctx, si.t.cfg.Store, k); err != nil {
 			return err
 		}
 	}
-	return deleteObject(ctx, t.cfg.Store, deletingKey(key))
+	return deleteObject(ctx, si.t.cfg.Store, deletingKey(key))
 }
 
 func putEmpty(ctx context.Context, s store.Store, key string) error {

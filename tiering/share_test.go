@@ -6,13 +6,14 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
-	"golang.org/x/sys/unix"
 	"os"
 	"path/filepath"
 	"strings"
 	"syscall"
 	"testing"
 	"time"
+
+	"golang.org/x/sys/unix"
 
 	"github.com/tierfs/tierfs/chunkxfer/store"
 	"github.com/tierfs/tierfs/idx"
@@ -124,7 +125,7 @@ func checkReplica(t *testing.T, tr *Tierer, r *replica) (local, remote int, onDi
 	for i, base := range r.bases {
 		p := r.segPath(base)
 		want := r.want(i)
-		st, _, err := tr.State(p)
+		st, _, err := tr.copies.stateOf(p)
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -132,6 +133,7 @@ func checkReplica(t *testing.T, tr *Tierer, r *replica) (local, remote int, onDi
 		if st == StateRemote {
 			remote++
 			got = readAll(t, tr, p)
+			checkSlices(t, tr, p, want)
 		} else {
 			local++
 			got, _ = os.ReadFile(p)
@@ -144,6 +146,43 @@ func checkReplica(t *testing.T, tr *Tierer, r *replica) (local, remote int, onDi
 		onDisk += sst.Blocks * 512
 	}
 	return local, remote, onDisk
+}
+
+// checkSlices reads the evicted file at path through an open tiered.File
+// by 4 KiB slices: each range within one chunk of one object (its own or
+// another broker's) is handed out without a copy, and holds want's bytes.
+func checkSlices(t *testing.T, tr *Tierer, path string, want []byte) {
+	t.Helper()
+	fd, err := os.Open(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer fd.Close()
+	var st syscall.Stat_t
+	syscall.Fstat(int(fd.Fd()), &st)
+	f, err := tr.Open(st.Ino, path, int(fd.Fd()), 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer f.Close()
+	sliced := 0
+	for off := 0; off < len(want); off += 4096 {
+		b, release, ok, err := f.Slice(int64(off), 4096)
+		if !ok {
+			continue
+		}
+		if err != nil {
+			t.Fatalf("slice %s at %d: %v", path, off, err)
+		}
+		if !bytes.Equal(b, want[off:min(off+4096, len(want))]) {
+			t.Fatalf("slice %s at %d: wrong bytes", path, off)
+		}
+		release()
+		sliced++
+	}
+	if sliced == 0 {
+		t.Errorf("%s: no range was handed out without a copy", filepath.Base(path))
+	}
 }
 
 // logBytes sums the sizes of the segment objects (.log) in the store.
@@ -428,11 +467,11 @@ func TestAdoptRemote(t *testing.T) {
 	t1.cfg.StoreID = "mem://one"
 	mustPass(t, t1)
 	src := b1.segPath(b1.bases[0])
-	desc, err := t1.RemoteCopy(src)
+	desc, err := t1.copies.remoteCopyAt(src)
 	if err != nil || desc == nil {
 		t.Fatalf("remote copy: %s %v", desc, err)
 	}
-	if d, _ := t1.RemoteCopy(b1.segPath(b1.bases[2])); d != nil {
+	if d, _ := t1.copies.remoteCopyAt(b1.segPath(b1.bases[2])); d != nil {
 		t.Fatal("the active segment has a remote copy")
 	}
 	b2 := newReplica(t, "2", stream, offs, 10)
@@ -499,7 +538,7 @@ func TestShipResumesAfterIndexedCrash(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	sh.State = StateShipping
+	sh.State = ShipmentShipping
 	if err := writeShipment(tr.cfg.StateDir, sh); err != nil {
 		t.Fatal(err)
 	}
@@ -542,20 +581,20 @@ func TestHydrateAMappedSegment(t *testing.T) {
 	if sha(readAll(t, t2, p)) != sha(b2.want(1)) {
 		t.Fatal("without its manifest copies, the segment reads otherwise")
 	}
-	if err := t2.Hydrate(context.Background(), p, nil); err != nil {
+	if err := t2.hydrator.Hydrate(context.Background(), p, nil); err != nil {
 		t.Fatal(err)
 	}
 	got, _ := os.ReadFile(p)
 	if sha(got) != sha(b2.want(1)) {
 		t.Fatal("the hydrated segment differs")
 	}
-	if st, _, _ := t2.State(p); st != StateShipped {
+	if st, _, _ := t2.copies.stateOf(p); st != StateShipped {
 		t.Fatalf("after hydrate: %s", st)
 	}
-	if err := t2.Evict(p); err != nil {
+	if err := t2.evictor.Evict(p); err != nil {
 		t.Fatal(err)
 	}
-	if st, _, _ := t2.State(p); st != StateRemote || logBytes(t, s) != puts {
+	if st, _, _ := t2.copies.stateOf(p); st != StateRemote || logBytes(t, s) != puts {
 		t.Fatalf("evicted again: %s, %d bytes of segments in the store (%d before)", st, logBytes(t, s), puts)
 	}
 	if sha(readAll(t, t2, p)) != sha(b2.want(1)) {

@@ -21,6 +21,11 @@ import (
 	"github.com/tierfs/tierfs/internal/fsutil"
 )
 
+// deleter deletes the store copies of segments the broker deleted (a
+// shipment whose file is gone), their index entries, and a partition's
+// index once it is empty.
+type deleter struct{ t *Tierer }
+
 // A Shipment is the catalog entry of one shipped version of a segment:
 // every object it may have put in the store, and how to find its file
 // again whatever it was renamed to. It is written before the first byte
@@ -28,14 +33,14 @@ import (
 // it goes only after those objects were deleted. Shipments live in the
 // state dir, shipments/<partition>/<object name>.json.
 type Shipment struct {
-	Version   int      `json:"v"`
-	State     string   `json:"state"` // shipping, shipped or deleting
-	Partition string   `json:"partition"`
-	Base      int64    `json:"base"`
-	Key       string   `json:"key"`      // the .log object
-	Objects   []string `json:"objects"`  // every object, manifests included
-	Manifest  string   `json:"manifest"` // the local manifest copy, relative to the state dir
-	Ino       uint64   `json:"ino"`
+	Version   int           `json:"v"`
+	State     ShipmentState `json:"state"` // shipping, shipped or deleting
+	Partition string        `json:"partition"`
+	Base      int64         `json:"base"`
+	Key       string        `json:"key"`      // the .log object
+	Objects   []string      `json:"objects"`  // every object, manifests included
+	Manifest  string        `json:"manifest"` // the local manifest copy, relative to the state dir
+	Ino       uint64        `json:"ino"`
 	// Handle is the file's handle (name_to_handle_at): it opens the inode
 	// while it exists, under any name or none (unlinked but still open),
 	// and fails with ESTALE once it is gone. Empty where the file system
@@ -45,10 +50,16 @@ type Shipment struct {
 	Since      time.Time `json:"since"` // of the current state
 }
 
-// Shipment states besides the segment states of the record.
+// ShipmentState is where a shipment is: its objects being put in the
+// store (shipping), in it and referenced by the file's record (shipped),
+// or being deleted with the file gone (deleting). Kept by name.
+type ShipmentState string
+
+// The shipment states.
 const (
-	StateShipping = "shipping" // objects may be partly in the store
-	StateDeleting = "deleting" // the file is gone; its objects are being deleted
+	ShipmentShipping ShipmentState = "shipping" // objects may be partly in the store
+	ShipmentShipped  ShipmentState = "shipped"  // the file's record holds the shipment
+	ShipmentDeleting ShipmentState = "deleting" // the file is gone; its objects are being deleted
 )
 
 func shipmentPath(stateDir, partition, key string) string {
@@ -136,7 +147,7 @@ var errNoHandle = errors.New("no file handle (the backing file system has none)"
 // alive says whether the file a shipment was made of still holds that
 // version: its inode exists (under any name) and its record names the
 // shipment's key, or it is still being shipped.
-func (t *Tierer) alive(rootFd int, s Shipment) (bool, error) {
+func (dl *deleter) alive(rootFd int, s Shipment) (bool, error) {
 	if len(s.Handle) == 0 {
 		return true, errNoHandle
 	}
@@ -156,7 +167,7 @@ func (t *Tierer) alive(rootFd int, s Shipment) (bool, error) {
 		return true, nil
 	case has:
 		return false, nil // the file now holds another shipped version
-	case s.State == StateShipping:
+	case s.State == ShipmentShipping:
 		return true, nil // not recorded yet: Ship finishes or redoes it
 	}
 	return false, nil // its record went: the file changed after it shipped
@@ -165,12 +176,12 @@ func (t *Tierer) alive(rootFd int, s Shipment) (bool, error) {
 // followDeletions deletes the objects of every shipment whose file the
 // broker deleted (retention, the log cleaner, truncation, a deleted
 // topic), and the index entries that point at them.
-func (t *Tierer) followDeletions(ctx context.Context) (int, []error) {
-	ships, err := loadShipments(t.cfg.StateDir)
+func (dl *deleter) followDeletions(ctx context.Context) (int, []error) {
+	ships, err := loadShipments(dl.t.cfg.StateDir)
 	if err != nil {
 		return 0, []error{err}
 	}
-	rootFd, err := unix.Open(t.cfg.Root, unix.O_RDONLY|unix.O_DIRECTORY|unix.O_CLOEXEC, 0)
+	rootFd, err := unix.Open(dl.t.cfg.Root, unix.O_RDONLY|unix.O_DIRECTORY|unix.O_CLOEXEC, 0)
 	if err != nil {
 		return 0, []error{err}
 	}
@@ -180,11 +191,11 @@ func (t *Tierer) followDeletions(ctx context.Context) (int, []error) {
 	live := map[string]int{} // partition/base → live shipments there
 	var gone []Shipment
 	for _, s := range ships {
-		if s.State != StateDeleting {
-			ok, err := t.alive(rootFd, s)
+		if s.State != ShipmentDeleting {
+			ok, err := dl.alive(rootFd, s)
 			if errors.Is(err, errNoHandle) {
-				t.noHandleOnce.Do(func() {
-					t.cfg.Log.Warn("the backing file system has no file handles: remote objects of deleted segments are kept", "key", s.Key)
+				dl.t.noHandleOnce.Do(func() {
+					dl.t.cfg.Log.Warn("the backing file system has no file handles: remote objects of deleted segments are kept", "key", s.Key)
 				})
 			} else if err != nil {
 				errs = append(errs, err)
@@ -198,26 +209,26 @@ func (t *Tierer) followDeletions(ctx context.Context) (int, []error) {
 	}
 	touched := map[string]bool{}
 	for _, s := range gone {
-		if !t.claim("key:" + s.Key) {
+		if !dl.t.claims.take(objectClaim(s.Key)) {
 			continue
 		}
-		err := t.deleteShipment(ctx, s, live[fmt.Sprintf("%s/%d", s.Partition, s.Base)] > 0)
-		t.release("key:" + s.Key)
+		err := dl.deleteShipment(ctx, s, live[fmt.Sprintf("%s/%d", s.Partition, s.Base)] > 0)
+		dl.t.claims.release(objectClaim(s.Key))
 		if errors.Is(err, errReferenced) || errors.Is(err, ErrIndexMoved) {
 			// Kept for now (another broker reads from it, or kept
 			// changing the index); tried again every pass.
-			t.cfg.Log.Debug("remote copy of a deleted segment kept for now", "key", s.Key, "err", err)
+			dl.t.cfg.Log.Debug("remote copy of a deleted segment kept for now", "key", s.Key, "err", err)
 			continue
 		}
 		if err != nil {
-			errs = append(errs, t.noteErr(s.Partition, fmt.Errorf("delete remote copy %s: %w", s.Key, err)))
+			errs = append(errs, dl.t.status.noteErr(s.Partition, fmt.Errorf("delete remote copy %s: %w", s.Key, err)))
 			continue
 		}
 		touched[s.Partition] = true
 		deleted++
 	}
 	for p := range touched {
-		if err := t.dropEmptyIndex(ctx, p); err != nil {
+		if err := dl.dropEmptyIndex(ctx, p); err != nil {
 			errs = append(errs, err)
 		}
 	}
@@ -228,16 +239,16 @@ func (t *Tierer) followDeletions(ctx context.Context) (int, []error) {
 // its index entries become tombstones (and the index is shipped), then
 // its objects go, then the shipment. Every step can be repeated, so a
 // crash anywhere is finished by the next pass.
-func (t *Tierer) deleteShipment(ctx context.Context, s Shipment, baseInUse bool) error {
-	if s.State != StateDeleting {
-		s.State, s.Since = StateDeleting, t.cfg.Now()
-		if err := writeShipment(t.cfg.StateDir, s); err != nil {
+func (dl *deleter) deleteShipment(ctx context.Context, s Shipment, baseInUse bool) error {
+	if s.State != ShipmentDeleting {
+		s.State, s.Since = ShipmentDeleting, dl.t.cfg.Now()
+		if err := writeShipment(dl.t.cfg.StateDir, s); err != nil {
 			return err
 		}
-		t.cfg.Log.Info("segment deleted by the broker; deleting its remote copy", "key", s.Key)
+		dl.t.cfg.Log.Info("segment deleted by the broker; deleting its remote copy", "key", s.Key)
 	}
-	unlock := t.lockPartition(s.Partition)
-	f, err := t.indexFile(s.Partition)
+	unlock := dl.t.indexes.lock(s.Partition)
+	f, err := dl.t.indexes.file(s.Partition)
 	if err != nil {
 		unlock()
 		return err
@@ -245,14 +256,14 @@ func (t *Tierer) deleteShipment(ctx context.Context, s Shipment, baseInUse bool)
 	ofShipment := func(e idx.Entry) bool { return strings.HasPrefix(string(e.RDI), s.Key+"@") }
 	n, err := f.Tombstone(ofShipment)
 	for try := 1; err == nil && n > 0; try++ {
-		err = t.putIndex(ctx, s.Partition, f)
+		err = dl.t.share.putIndex(ctx, s.Partition, f)
 		if !errors.Is(err, ErrIndexMoved) || try == maxIndexTries {
 			break
 		}
 		// Another broker appended first: tombstone again in the
 		// store's index (putIndex took it), and put that.
-		t.counters.IndexRaces.Add(1)
-		if f, err = t.indexFile(s.Partition); err == nil {
+		dl.t.counters.IndexRaces.Add(1)
+		if f, err = dl.t.indexes.file(s.Partition); err == nil {
 			n, err = f.Tombstone(ofShipment)
 		}
 	}
@@ -266,7 +277,7 @@ func (t *Tierer) deleteShipment(ctx context.Context, s Shipment, baseInUse bool)
 		// alone, its store copies).
 		for _, name := range []string{idx.RemoteOffsetIndexName(s.Base), idx.RemoteTimeIndexName(s.Base)} {
 			if legacy {
-				if err = deleteObject(ctx, t.cfg.Store, s.Partition+"/"+name); err != nil {
+				if err = deleteObject(ctx, dl.t.cfg.Store, s.Partition+"/"+name); err != nil {
 					break
 				}
 			}
@@ -287,41 +298,41 @@ func (t *Tierer) deleteShipment(ctx context.Context, s Shipment, baseInUse bool)
 	})
 	for _, k := range objs {
 		if !strings.HasSuffix(k, chunkxfer.ManifestKey("")) && !strings.HasSuffix(k, ".batches") && !strings.HasSuffix(k, ".rindex") && !strings.HasSuffix(k, ".rtimeindex") {
-			if err := t.up.Abandon(ctx, k); err != nil {
+			if err := dl.t.up.Abandon(ctx, k); err != nil {
 				return err
 			}
 		}
 	}
 	if len(objs) > 0 {
 		// Not while another broker's file reads from them.
-		if err := t.deleteOwn(ctx, s.Key, objs); err != nil {
+		if err := dl.t.share.deleteOwn(ctx, s.Key, objs); err != nil {
 			return err
 		}
 	}
 	var dropped []string
 	for _, k := range s.Objects {
 		if isRefKey(k) {
-			if err := deleteObject(ctx, t.cfg.Store, k); err != nil {
+			if err := deleteObject(ctx, dl.t.cfg.Store, k); err != nil {
 				return err
 			}
 			dropped = append(dropped, refTarget(k))
 		}
 	}
 	if s.Manifest != "" {
-		if err := os.Remove(filepath.Join(t.cfg.StateDir, s.Manifest)); err != nil && !os.IsNotExist(err) {
+		if err := os.Remove(filepath.Join(dl.t.cfg.StateDir, s.Manifest)); err != nil && !os.IsNotExist(err) {
 			return err
 		}
 	}
-	if err := os.Remove(shipmentPath(t.cfg.StateDir, s.Partition, s.Key)); err != nil && !os.IsNotExist(err) {
+	if err := os.Remove(shipmentPath(dl.t.cfg.StateDir, s.Partition, s.Key)); err != nil && !os.IsNotExist(err) {
 		return err
 	}
 	// The local copies of other brokers' manifests that no file here
 	// reads from any more.
 	if len(dropped) > 0 {
 		still := map[string]bool{}
-		others, _ := filepath.Glob(filepath.Join(t.cfg.StateDir, "shipments", s.Partition, "*.json"))
+		others, _ := filepath.Glob(filepath.Join(dl.t.cfg.StateDir, "shipments", s.Partition, "*.json"))
 		for _, p := range others {
-			if o, err := loadShipment(t.cfg.StateDir, s.Partition, strings.TrimSuffix(filepath.Base(p), ".json")); err == nil {
+			if o, err := loadShipment(dl.t.cfg.StateDir, s.Partition, strings.TrimSuffix(filepath.Base(p), ".json")); err == nil {
 				for _, k := range o.Objects {
 					if isRefKey(k) {
 						still[refTarget(k)] = true
@@ -331,11 +342,11 @@ func (t *Tierer) deleteShipment(ctx context.Context, s Shipment, baseInUse bool)
 		}
 		for _, k := range dropped {
 			if !still[k] {
-				os.Remove(filepath.Join(t.cfg.StateDir, manifestRel(k)))
+				os.Remove(filepath.Join(dl.t.cfg.StateDir, manifestRel(k)))
 			}
 		}
 	}
-	t.cfg.Log.Info("deleted remote copy", "key", s.Key, "objects", len(s.Objects), "index_entries", n)
+	dl.t.cfg.Log.Info("deleted remote copy", "key", s.Key, "objects", len(s.Objects), "index_entries", n)
 	return nil
 }
 
@@ -349,14 +360,14 @@ func deleteObject(ctx context.Context, s store.Store, key string) error {
 // dropEmptyIndex removes a partition's index, here and in the store,
 // once nothing of the partition is shipped any more (its topic was
 // deleted, or retention removed everything that was shipped).
-func (t *Tierer) dropEmptyIndex(ctx context.Context, partition string) error {
-	ships, err := filepath.Glob(filepath.Join(t.cfg.StateDir, "shipments", partition, "*.json"))
+func (dl *deleter) dropEmptyIndex(ctx context.Context, partition string) error {
+	ships, err := filepath.Glob(filepath.Join(dl.t.cfg.StateDir, "shipments", partition, "*.json"))
 	if err != nil || len(ships) > 0 {
 		return err
 	}
-	unlock := t.lockPartition(partition)
+	unlock := dl.t.indexes.lock(partition)
 	defer unlock()
-	f, err := t.indexFile(partition)
+	f, err := dl.t.indexes.file(partition)
 	if err != nil {
 		return err
 	}
@@ -365,16 +376,13 @@ func (t *Tierer) dropEmptyIndex(ctx context.Context, partition string) error {
 	}
 	// The store's copy goes too, if it is still the one this mount
 	// knows (a follower leaves it to the leader).
-	if info, err := t.cfg.Store.Head(ctx, partition+"/"+idx.FileName); err == nil && !t.follows(partition) && info.ETag == t.loadStoreState(partition).ETag {
-		if err := deleteObject(ctx, t.cfg.Store, partition+"/"+idx.FileName); err != nil {
+	if info, err := dl.t.cfg.Store.Head(ctx, partition+"/"+idx.FileName); err == nil && !dl.t.roles.follows(partition) && info.ETag == dl.t.share.loadStoreState(partition).ETag {
+		if err := deleteObject(ctx, dl.t.cfg.Store, partition+"/"+idx.FileName); err != nil {
 			return err
 		}
 	}
-	t.mu.Lock()
-	delete(t.indexes, partition)
-	t.mu.Unlock()
-	f.Close()
-	os.Remove(filepath.Join(t.cfg.StateDir, "shipments", partition))
+	dl.t.indexes.forget(partition)
+	os.Remove(filepath.Join(dl.t.cfg.StateDir, "shipments", partition))
 	return os.RemoveAll(filepath.Dir(f.Path()))
 }
 

@@ -3,6 +3,8 @@ package tiering
 import (
 	"syscall"
 	"time"
+
+	"github.com/tierfs/tierfs/internal/tiered"
 )
 
 // PartitionSummary is where a partition's segments are: what tierfs
@@ -24,7 +26,7 @@ type PartitionSummary struct {
 // Summarize reads the partitions under root and where their segments
 // are; state gives a segment's state (it differs through a mount and on a
 // backing directory). It touches no store.
-func Summarize(root string, state func(path string) string) ([]PartitionSummary, error) {
+func Summarize(root string, state func(path string) tiered.State) ([]PartitionSummary, error) {
 	parts, err := Scan(root)
 	if err != nil {
 		return nil, err
@@ -70,10 +72,10 @@ func (t *Tierer) Summary() ([]PartitionSummary, error) {
 	if err := t.waitReady(); err != nil {
 		return nil, err
 	}
-	return Summarize(t.cfg.Root, func(path string) string {
-		st, _, err := t.State(path)
+	return Summarize(t.cfg.Root, func(path string) tiered.State {
+		st, _, err := t.copies.stateOf(path)
 		if err != nil {
-			return "unknown"
+			return StateLocal // counted as not shipped
 		}
 		return st
 	})

@@ -71,7 +71,7 @@ func TestShipAndEvict(t *testing.T) {
 			for part, bs := range bases {
 				for i, base := range bs {
 					path := filepath.Join(root, part, kafkaName(base, ".log"))
-					st, _, err := tr.State(path)
+					st, _, err := tr.copies.stateOf(path)
 					if err != nil {
 						t.Fatal(err)
 					}
@@ -101,11 +101,11 @@ func TestShipAndEvict(t *testing.T) {
 				if !strings.HasSuffix(path, ".log") {
 					continue
 				}
-				st, _, _ := tr.State(path)
+				st, _, _ := tr.copies.stateOf(path)
 				if st != StateRemote {
 					continue
 				}
-				r, err := tr.OpenRemote(path)
+				r, err := tr.copies.openRemote(path)
 				if err != nil {
 					t.Fatal(err)
 				}
@@ -165,7 +165,7 @@ func TestEvictFinishesAfterCrash(t *testing.T) {
 	if sb.Blocks*512 > 8192 || fi.ModTime().UnixNano() != rec.MtimeNs {
 		t.Fatalf("not finished: %d blocks, mtime %v", sb.Blocks, fi.ModTime())
 	}
-	r, _ := tr.OpenRemote(path)
+	r, _ := tr.copies.openRemote(path)
 	buf := make([]byte, fi.Size())
 	r.ReadAt(buf, 0)
 	if sha256.Sum256(buf) != sums[path] {
@@ -185,10 +185,10 @@ func TestChangedSegmentIsNotFreed(t *testing.T) {
 	f.Close()
 	old := time.Now().Add(-time.Hour)
 	os.Chtimes(path, old, old)
-	if err := tr.Evict(path); err == nil {
+	if err := tr.evictor.Evict(path); err == nil {
 		t.Fatal("evicted a changed file")
 	}
-	if st, _, _ := tr.State(path); st != StateLocal {
+	if st, _, _ := tr.copies.stateOf(path); st != StateLocal {
 		t.Fatalf("state %s after a refused evict", st)
 	}
 	data, _ := os.ReadFile(path)
@@ -258,10 +258,10 @@ func TestEvictChecksTheCopyIsStillThere(t *testing.T) {
 	if err := s.Delete(context.Background(), rec.Key); err != nil {
 		t.Fatal(err)
 	}
-	if err := tr.Evict(path); err == nil {
+	if err := tr.evictor.Evict(path); err == nil {
 		t.Fatal("evicted with the remote copy gone")
 	}
-	if st, _, _ := tr.State(path); st != StateLocal {
+	if st, _, _ := tr.copies.stateOf(path); st != StateLocal {
 		t.Fatalf("state %s", st)
 	}
 	if rep := tr.RunOnce(context.Background()); rep.Shipped != 1 {
@@ -282,10 +282,10 @@ func TestHeldFileIsNotFreed(t *testing.T) {
 		t.Fatal(err)
 	}
 	release := tr.Hold(st.Ino)
-	if err := tr.Evict(path); !errors.Is(err, ErrHeldOpen) {
+	if err := tr.evictor.Evict(path); !errors.Is(err, ErrHeldOpen) {
 		t.Fatalf("evict of a held file: %v", err)
 	}
-	if s, _, _ := tr.State(path); s != StateShipped {
+	if s, _, _ := tr.copies.stateOf(path); s != StateShipped {
 		t.Fatalf("state %s after a refused evict", s)
 	}
 	if b, _ := os.ReadFile(path); sha256.Sum256(b) != sums[path] {
@@ -299,10 +299,10 @@ func TestHeldFileIsNotFreed(t *testing.T) {
 	}
 	release()
 	release() // a second call is harmless
-	if err := tr.Evict(path); err != nil {
+	if err := tr.evictor.Evict(path); err != nil {
 		t.Fatal(err)
 	}
-	if s, _, _ := tr.State(path); s != StateRemote {
+	if s, _, _ := tr.copies.stateOf(path); s != StateRemote {
 		t.Fatalf("state %s after the hold ended", s)
 	}
 }

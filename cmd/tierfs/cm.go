@@ -99,12 +99,8 @@ func (r *remoteFiles) OpenIfRemote(path string) (io.ReaderAt, io.Closer, bool, e
 	if r.t == nil {
 		return nil, nil, false, nil
 	}
-	st, _, err := r.t.State(path)
-	if err != nil || st != tiering.StateRemote {
-		return nil, nil, false, err
-	}
-	rr, err := r.t.OpenRemote(path)
-	if err != nil {
+	rr, ok, err := r.t.OpenIfRemote(path)
+	if !ok || err != nil {
 		return nil, nil, false, err
 	}
 	return rr, rr, true, nil

@@ -252,12 +252,11 @@ func runMount(c *cli.Context) error {
 		ctx, cancel := context.WithCancel(context.Background())
 		defer cancel()
 		if reader {
-			rep := tierer.Mirror(ctx)
+			rep := tierer.Mirror(ctx, c.Duration("follow-interval"))
 			for _, err := range rep.Errors {
 				log.Warn("mirror", "err", err)
 			}
 			log.Info("reader: a read-only view of the store", "remote", redactURL(c.String("remote")), "partitions", rep.PartitionsListed, "segments", rep.Segments, "follow_interval", c.Duration("follow-interval"))
-			go tierer.RunMirror(ctx, c.Duration("follow-interval"))
 		} else if c.String("role") == string(tiering.RoleFollower) {
 			go tierer.Run(ctx, c.Duration("follow-interval"))
 			log.Info("follower: frees segments the leader shipped", "remote", redactURL(c.String("remote")), "follow_interval", c.Duration("follow-interval"),

@@ -75,15 +75,19 @@ func (m mountControl) Do(ctx context.Context, op, rel string, progress func(done
 	if m.t == nil {
 		return "", errors.New("this mount has no remote (mount it with --remote)")
 	}
+	var st tiered.State
+	var err error
 	switch op {
 	case "ship":
-		return m.t.ShipNow(ctx, rel, chunkxfer.Progress(progress))
+		st, err = m.t.ShipNow(ctx, rel, chunkxfer.Progress(progress))
 	case "evict":
-		return m.t.EvictNow(ctx, rel, chunkxfer.Progress(progress))
+		st, err = m.t.EvictNow(ctx, rel, chunkxfer.Progress(progress))
 	case "hydrate":
-		return m.t.HydrateNow(ctx, rel, chunkxfer.Progress(progress))
+		st, err = m.t.HydrateNow(ctx, rel, chunkxfer.Progress(progress))
+	default:
+		return "", fmt.Errorf("unknown op %q", op)
 	}
-	return "", fmt.Errorf("unknown op %q", op)
+	return st.String(), err
 }
 
 func (m mountControl) Status() any {

@@ -10,6 +10,7 @@ import (
 	"text/tabwriter"
 	"time"
 
+	"github.com/tierfs/tierfs/internal/tiered"
 	"github.com/tierfs/tierfs/tiering"
 	"github.com/urfave/cli/v2"
 	"golang.org/x/sys/unix"
@@ -128,19 +129,21 @@ func statusJSON(w io.Writer, root string, lastErr map[string]tiering.PartitionEr
 }
 
 // segmentState reads a segment's state through a mount (user.tierfs.state)
-// or, on a backing directory, from tierfs's own attribute.
-func segmentState(path string) string {
+// or, on a backing directory, from tierfs's own attribute; a state it
+// cannot read counts as local.
+func segmentState(path string) tiered.State {
 	buf := make([]byte, 4096)
-	if n, err := unix.Getxattr(path, "user.tierfs.state", buf); err == nil {
-		return string(buf[:n])
+	if n, err := unix.Getxattr(path, tiered.XattrState, buf); err == nil {
+		st, _ := tiered.ParseState(string(buf[:n]))
+		return st
 	}
-	n, err := unix.Getxattr(path, "trusted.tierfs", buf)
+	n, err := unix.Getxattr(path, tiered.HiddenXattrPrefix, buf)
 	if err != nil {
 		return tiering.StateLocal
 	}
-	var rec struct{ State string }
-	if json.Unmarshal(buf[:n], &rec) != nil || rec.State == "" {
-		return "unknown"
+	var rec struct{ State tiered.State }
+	if json.Unmarshal(buf[:n], &rec) != nil {
+		return tiering.StateLocal
 	}
 	return rec.State
 }

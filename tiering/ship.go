@@ -1,0 +1,698 @@
+package tiering
+
+import (
+	"bytes"
+	"cmp"
+	"context"
+	"errors"
+	"fmt"
+	"hash/fnv"
+	"io"
+	"os"
+	"path/filepath"
+	"slices"
+	"sort"
+	"strings"
+	"syscall"
+	"time"
+
+	"github.com/tierfs/tierfs/chunkxfer"
+	"github.com/tierfs/tierfs/chunkxfer/store"
+	"github.com/tierfs/tierfs/idx"
+	"github.com/tierfs/tierfs/idx/kafka"
+	"golang.org/x/sys/unix"
+)
+
+// shipper puts segments in the store: a pass over one partition
+// (shipPartition), and each segment's shipment: mapped onto what other
+// brokers shipped where the store's index holds its offsets, the rest
+// uploaded, verified, and appended to the partition's index.
+type shipper struct{ t *Tierer }
+
+// cover works out a segment's coverage from the partition's index. keyAt
+// names the object this mount would ship the rest in, from a batch
+// offset on. It reads the segment (every batch's CRC is checked) only
+// when the index holds some of its offsets.
+func (sp *shipper) cover(ctx context.Context, seg Segment, f *idx.File, keyAt func(base int64) string) (coverage, []idx.BatchRef, error) {
+	cov := coverage{Next: seg.Base}
+	next := nextOrMax(seg.Next)
+	var ents []idx.Entry
+	f.View(func(x *idx.Index) {
+		i := sort.Search(x.Len(), func(i int) bool { return x.Entry(i).LastOffset >= seg.Base })
+		for ; i < x.Len() && x.Entry(i).FirstOffset < next; i++ {
+			ents = append(ents, x.Entry(i))
+		}
+	})
+	if len(ents) == 0 {
+		return cov, nil, nil
+	}
+	lf, err := os.Open(seg.Path)
+	if err != nil {
+		return cov, nil, err
+	}
+	batches, err := idx.BatchRefs(seg.Path, lf, seg.Size, 0)
+	lf.Close()
+	var fe *idx.FormatError
+	if errors.As(err, &fe) {
+		cov.Why = fmt.Sprintf("offsets of it are in the store, but it is not whole record batches (%v): kept local", err)
+		return cov, nil, nil
+	}
+	if err != nil {
+		return cov, nil, err
+	}
+	if len(batches) == 0 {
+		return cov, nil, nil // empty (the cleaner can leave such): nothing to map
+	}
+	containing := func(o int64) (idx.Entry, bool) {
+		i := sort.Search(len(ents), func(i int) bool { return ents[i].LastOffset >= o })
+		if i < len(ents) && ents[i].FirstOffset <= o && !ents[i].Opaque() {
+			return ents[i], true
+		}
+		return idx.Entry{}, false
+	}
+	for _, b := range batches {
+		e, ok := containing(b.Base)
+		if !ok {
+			cov.Next = b.Base
+			for _, later := range ents {
+				if later.FirstOffset > b.Base {
+					cov.Why = fmt.Sprintf("offsets from %d are not in the store, but offsets from %d are: kept local", b.Base, later.FirstOffset)
+					break
+				}
+			}
+			return cov, batches, nil
+		}
+		key, pos, ok := entryRDI(e)
+		if !ok {
+			cov.Next, cov.Why = b.Base, fmt.Sprintf("the index entry of offset %d has a bad RDI %q", b.Base, e.RDI)
+			return cov, batches, nil
+		}
+		if sp.ownShipment(seg.Partition, key) {
+			cov.Next = b.Base
+			resume := keyAt(b.Base) // the name of a tail shipped from here
+			if cov.End == 0 {
+				resume = keyAt(seg.Base) // of the whole file (its first batch may follow its base)
+			}
+			if key != resume {
+				cov.Why = fmt.Sprintf("an earlier version of this segment is in the store (offset %d is in %s): ships once the broker has deleted that version", b.Base, key)
+			} else {
+				cov.OwnKey = key
+			}
+			return cov, batches, nil
+		}
+		list, err := sp.batchList(ctx, key)
+		if err != nil {
+			cov.Next, cov.Why = b.Base, fmt.Sprintf("offset %d is in %s, whose batch list cannot be read (%v): kept local", b.Base, key, err)
+			return cov, batches, nil
+		}
+		lb, ok := idx.FindBatch(list, b.Base)
+		if !ok || !lb.Same(b) || lb.Pos < pos || lb.Pos+int64(lb.Size) > pos+int64(e.DataLength) {
+			cov.Next, cov.Why = b.Base, fmt.Sprintf("the batch at offset %d differs from the store's copy in %s (this replica's log diverged): kept local", b.Base, key)
+			return cov, batches, nil
+		}
+		if n := len(cov.Extents); n > 0 && cov.Extents[n-1].Key == key && cov.Extents[n-1].Off+cov.Extents[n-1].Len == lb.Pos {
+			cov.Extents[n-1].Len += int64(b.Size)
+		} else {
+			m, err := sp.t.copies.fetchManifest(ctx, key)
+			if err != nil {
+				cov.Next, cov.Why = b.Base, fmt.Sprintf("offset %d is in %s, whose manifest cannot be read (%v): kept local", b.Base, key, err)
+				return cov, batches, nil
+			}
+			cov.Extents = append(cov.Extents, Extent{Pos: b.Pos, Len: int64(b.Size), Key: key, Off: lb.Pos, ETag: m.ETag})
+		}
+		cov.End = b.Pos + int64(b.Size)
+	}
+	cov.Next = -1
+	return cov, batches, nil
+}
+
+// ownShipment says whether key is an object this mount shipped (its
+// catalog holds a shipment of it).
+func (sp *shipper) ownShipment(partition, key string) bool {
+	_, err := os.Stat(shipmentPath(sp.t.cfg.StateDir, partition, key))
+	return err == nil
+}
+
+// batchList is the batch list of an object, from the store (kept in
+// memory for the pass).
+func (sp *shipper) batchList(ctx context.Context, key string) ([]idx.BatchRef, error) {
+	if bs, ok := sp.t.batches.get(key); ok {
+		return bs, nil
+	}
+	b, err := store.ReadAll(sp.t.cfg.Store.Get(ctx, batchesKey(key), 0, -1, store.GetOptions{}))
+	if err != nil {
+		return nil, err
+	}
+	bs, err := idx.ParseBatches(batchesKey(key), b)
+	if err != nil {
+		return nil, err
+	}
+	sp.t.batches.put(key, bs)
+	return bs, nil
+}
+
+// shipPartition finishes half-done evictions and ships the eligible
+// segments of one partition, oldest first.
+func (sp *shipper) shipPartition(ctx context.Context, p Partition, cp Checkpoints, now time.Time) Report {
+	rep := Report{Waiting: map[string]int{}}
+	blocked := ""
+	synced := false
+	sp.t.status.noteKept(p.Name, Segment{}, "")
+	sp.t.roles.checkEpoch(p.Name)
+	for _, seg := range p.Segments {
+		rec, has, err := readRecord(seg.Path)
+		if err != nil {
+			rep.Errors = append(rep.Errors, sp.t.status.noteErr(p.Name, err))
+			blocked = "an earlier segment failed"
+			continue
+		}
+		if has && rec.State == StateShipped && (rec.Ino != seg.Ino || rec.Size != seg.Size || rec.MtimeNs != seg.Mtime.UnixNano()) {
+			// Changed after it shipped (Kafka truncated it): the copy is
+			// stale. Forget it; followDeletions deletes it and the file
+			// ships again when it is eligible.
+			sp.t.cfg.Log.Warn("shipped segment changed; its remote copy is stale", "segment", seg.Path, "key", rec.Key)
+			if err := unix.Removexattr(seg.Path, recordXattr); err != nil {
+				rep.Errors = append(rep.Errors, sp.t.status.noteErr(p.Name, err))
+				blocked = "an earlier segment failed"
+				continue
+			}
+			sp.t.handles.changed(seg.Ino)
+			has = false
+		}
+		if has {
+			// An unfreed remote file is an eviction or a hydration
+			// that tierfs died in: its local bytes go. One under way
+			// now holds its claim.
+			if ino := inodeClaim(seg.Ino); rec.State == StateRemote && !rec.Freed && sp.t.claims.take(ino) {
+				if fixed, err := sp.t.evictor.finishEvict(seg, rec); err != nil {
+					rep.Errors = append(rep.Errors, sp.t.status.noteErr(p.Name, err))
+				} else if fixed {
+					rep.Recovered++
+				}
+				sp.t.claims.release(ino)
+			}
+			continue
+		}
+		if blocked != "" {
+			rep.Waiting[blocked]++
+			continue
+		}
+		if ok, why := sp.t.cfg.Policy.Eligible(seg, cp, now); !ok {
+			rep.Waiting[reasonKind(why)]++
+			blocked = "an earlier segment waits"
+			if seg.Next < 0 {
+				blocked = ""
+			}
+			continue
+		}
+		if !synced {
+			unlock := sp.t.indexes.lock(p.Name)
+			_, err := sp.t.share.syncIndex(ctx, p.Name)
+			unlock()
+			if errors.Is(err, store.ErrPrecondition) {
+				// Other brokers changed it at each read: a race, not an
+				// error; the next pass reads it again.
+				rep.Waiting["the store's index kept changing while read"]++
+				sp.t.status.noteKept(p.Name, seg, "the store's index kept changing while it was read: read again next pass")
+				blocked = "an earlier segment waits"
+				continue
+			}
+			if err != nil {
+				rep.Errors = append(rep.Errors, sp.t.status.noteErr(p.Name, err))
+				blocked = "an earlier segment failed"
+				continue
+			}
+			synced = true
+		}
+		var wait *WaitError
+		switch err := sp.ship(ctx, seg, nil, false); {
+		case errors.As(err, &wait):
+			rep.Waiting[reasonKind(wait.Why)]++
+			sp.t.status.noteKept(p.Name, seg, wait.Why)
+			if !sp.t.roles.follows(p.Name) {
+				// The index takes a leader's entries in order; a
+				// follower maps each segment on its own.
+				blocked = "an earlier segment waits"
+			}
+			continue
+		case err != nil:
+			rep.Errors = append(rep.Errors, sp.t.status.noteErr(p.Name, fmt.Errorf("ship %s: %w", seg.Path, err)))
+			blocked = "an earlier segment failed"
+			continue
+		}
+		rep.Shipped++
+	}
+	return rep
+}
+
+// Ship puts a segment in the store. Where the store already holds its
+// bytes, shipped by another broker (the same batches: Kafka replicas
+// store the leader's), the file is mapped onto those objects and nothing
+// is uploaded; the rest, if any, is uploaded with its index files and
+// verified, its entries go into the partition's index, and the file is
+// marked shipped. A follower uploads nothing: a segment the store does
+// not hold yet waits (*WaitError). Every step can be repeated: after a
+// crash the next pass resumes the upload and skips what is done.
+func (sp *shipper) Ship(ctx context.Context, seg Segment, progress chunkxfer.Progress) error {
+	return sp.ship(ctx, seg, progress, true)
+}
+
+// ship is Ship; sync false skips reading the store's index (the pass
+// read it for the partition already).
+func (sp *shipper) ship(ctx context.Context, seg Segment, progress chunkxfer.Progress, sync bool) error {
+	if !sp.t.claims.take(pathClaim(seg.Path)) {
+		return nil
+	}
+	defer sp.t.claims.release(pathClaim(seg.Path))
+	var st syscall.Stat_t
+	if err := syscall.Stat(seg.Path, &st); err != nil {
+		return err
+	}
+	key := sp.objectKey(seg, &st, ".log")
+	if !sp.t.claims.take(objectClaim(key)) {
+		return nil
+	}
+	defer sp.t.claims.release(objectClaim(key))
+	doneShipping := sp.t.claims.startShipping(st.Ino)
+	sp.t.handles.changed(st.Ino)
+	defer func() {
+		doneShipping()
+		sp.t.handles.changed(st.Ino)
+	}()
+	if sync {
+		unlock := sp.t.indexes.lock(seg.Partition)
+		_, err := sp.t.share.syncIndex(ctx, seg.Partition)
+		unlock()
+		if err != nil {
+			return err
+		}
+	}
+	f, err := sp.t.indexes.file(seg.Partition)
+	if err != nil {
+		return err
+	}
+	keyAt := func(base int64) string {
+		s := seg
+		s.Base = base
+		return sp.objectKey(s, &st, ".log")
+	}
+	role := sp.t.roles.of(seg.Partition)
+	if role.Role == RoleFollower && !sp.maybeCovered(seg, f) {
+		return &WaitError{Why: "not in the store yet (a follower ships nothing; the leader has not shipped these offsets): " + role.Why}
+	}
+	cov, batches, err := sp.cover(ctx, seg, f, keyAt)
+	if err != nil {
+		return err
+	}
+	switch {
+	case cov.Next < 0 && len(cov.Extents) > 0:
+		return sp.mapOnto(ctx, seg, &st, key, cov)
+	case cov.Why != "":
+		return &WaitError{Why: cov.Why}
+	case role.Role == RoleFollower:
+		return &WaitError{Why: fmt.Sprintf("offsets from %d are not in the store yet (a follower ships nothing): %s", cov.Next, role.Why)}
+	case role.Role == RoleAuto && cov.OwnKey == "" && sp.t.share.loadStoreState(seg.Partition).Shared:
+		// No leadership to go by, and other brokers ship this
+		// partition too: give the leader's upload time to land.
+		if wait := sp.t.cfg.Policy.ShipAfter + graceFor(sp.t.cfg.ShareGrace, sp.t.BrokerID()) - sp.t.cfg.Now().Sub(seg.Mtime); wait > 0 {
+			return &WaitError{Why: fmt.Sprintf("other brokers ship this partition too: waiting %v more for their upload of offsets from %d (no --kafka-bootstrap to tell the leader)", wait.Round(time.Second), cov.Next)}
+		}
+	}
+	return sp.shipRest(ctx, seg, &st, cov, batches, keyAt, progress)
+}
+
+// maybeCovered says whether the index reaches the segment's last offset
+// (that of the batch before the next segment's base): if not, the store
+// cannot hold all of it, and it need not be read to tell.
+func (sp *shipper) maybeCovered(seg Segment, f *idx.File) bool {
+	if seg.Next < 0 {
+		return false
+	}
+	ok := false
+	f.View(func(x *idx.Index) {
+		for i := x.Len() - 1; i >= 0; i-- {
+			if e := x.Entry(i); !e.Opaque() {
+				ok = e.LastOffset >= seg.Next-1
+				return
+			}
+		}
+	})
+	return ok
+}
+
+// mapOnto marks a segment shipped whose bytes are all in other brokers'
+// objects: it references each of them (so they are kept while the file
+// reads from them), and records its extents. Nothing is uploaded.
+func (sp *shipper) mapOnto(ctx context.Context, seg Segment, st *syscall.Stat_t, key string, cov coverage) error {
+	holder := holderOf(key)
+	if old, err := loadShipment(sp.t.cfg.StateDir, seg.Partition, key); err == nil {
+		// An upload of this file that lost the race to the index: its
+		// objects are nobody's now.
+		if own := ownObjects(old); len(own) > 0 {
+			if err := sp.t.share.deleteOwn(ctx, old.Key, own); err != nil {
+				return err
+			}
+		}
+	} else if !os.IsNotExist(err) {
+		return err
+	}
+	keys := extentKeys(cov.Extents)
+	sh := Shipment{State: ShipmentShipping, Partition: seg.Partition, Base: seg.Base, Key: key, Ino: st.Ino, Since: sp.t.cfg.Now(), Objects: refsOf(keys, holder)}
+	var err error
+	if sh.HandleType, sh.Handle, err = fileHandle(seg.Path); err != nil {
+		sp.t.cfg.Log.Debug("no file handle", "segment", seg.Path, "err", err)
+	}
+	if err := writeShipment(sp.t.cfg.StateDir, sh); err != nil {
+		return err
+	}
+	if err := sp.t.share.takeRefs(ctx, cov.Extents, holder); err != nil {
+		return err
+	}
+	if err := sameFile(seg.Path, st); err != nil {
+		return err
+	}
+	rec := Record{State: StateShipped, Key: key, Size: st.Size, MtimeNs: st.Mtim.Nano(), Ino: st.Ino, Extents: cov.Extents}
+	if err := writeRecord(seg.Path, rec); err != nil {
+		return err
+	}
+	sh.State, sh.Since = ShipmentShipped, sp.t.cfg.Now()
+	if err := writeShipment(sp.t.cfg.StateDir, sh); err != nil {
+		return err
+	}
+	sp.t.counters.MappedSegments.Add(1)
+	sp.t.counters.MappedBytes.Add(st.Size)
+	sp.t.cfg.Log.Info("mapped onto the store's copy", "segment", seg.Path, "objects", len(keys), "bytes", st.Size)
+	return nil
+}
+
+// shipRest uploads a segment from where its coverage ends (from its
+// start when nothing of it is in the store), with its batch list, its
+// index files (whole segments only) and its index entries.
+func (sp *shipper) shipRest(ctx context.Context, seg Segment, st *syscall.Stat_t, cov coverage, batches []idx.BatchRef, keyAt func(int64) string, progress chunkxfer.Progress) error {
+	from, objBase := cov.End, seg.Base
+	if from > 0 {
+		objBase = cov.Next
+	}
+	key := keyAt(objBase)
+	if from > 0 && !sp.t.claims.take(objectClaim(key)) {
+		return nil
+	}
+	if from > 0 {
+		defer sp.t.claims.release(objectClaim(key))
+	}
+	holder := holderOf(key)
+	manRel := manifestRel(key)
+	sh, err := sp.startShipment(seg, st, key, manRel, from, refsOf(extentKeys(cov.Extents), holder))
+	if err != nil {
+		return err
+	}
+	if err := sp.t.share.takeRefs(ctx, cov.Extents, holder); err != nil {
+		return err
+	}
+	m, err := sp.t.up.UploadFrom(ctx, seg.Path, key, from, progress)
+	if err != nil {
+		return err
+	}
+	if err := chunkxfer.Verify(ctx, sp.t.cfg.Store, m); err != nil {
+		return fmt.Errorf("remote copy does not verify: %w", err)
+	}
+	if from == 0 {
+		for _, sk := range sp.sidecarKeys(seg, st)[1:] {
+			if !slices.Contains(sh.Objects, sk.key) {
+				// Appeared after the shipment was catalogued: kept local only.
+				continue
+			}
+			if _, err := sp.t.up.Upload(ctx, sk.path, sk.key); err != nil {
+				return fmt.Errorf("ship %s: %w", filepath.Base(sk.path), err)
+			}
+		}
+	}
+	if err := sp.putBatchList(ctx, seg, key, from, batches); err != nil {
+		return err
+	}
+	var covered *coveredError
+	switch err := sp.index(ctx, seg, key, from, objBase, keyAt); {
+	case errors.As(err, &covered):
+		// Mapped instead; what this mount uploaded goes again.
+		sp.t.counters.WastedSegments.Add(1)
+		sp.t.counters.WastedBytes.Add(st.Size - from)
+		sp.t.cfg.Log.Info("another broker shipped the same offsets first: mapping onto its copy and deleting this upload", "segment", seg.Path, "key", key, "bytes", st.Size-from)
+		return sp.mapOnto(ctx, seg, st, key, covered.cov)
+	case err != nil:
+		return err
+	}
+	if err := writeManifestCopy(filepath.Join(sp.t.cfg.StateDir, manRel), m); err != nil {
+		return err
+	}
+	// The file must still be what was uploaded.
+	if err := sameFile(seg.Path, st); err != nil {
+		return err
+	}
+	rec := Record{State: StateShipped, Key: key, ETag: m.ETag, Size: st.Size, MtimeNs: st.Mtim.Nano(), Ino: st.Ino, Manifest: manRel}
+	if from > 0 {
+		rec.Extents = append(slices.Clone(cov.Extents), Extent{Pos: from, Len: st.Size - from, Key: key, ETag: m.ETag})
+	}
+	if err := writeRecord(seg.Path, rec); err != nil {
+		return err
+	}
+	sh.State, sh.Since = ShipmentShipped, sp.t.cfg.Now()
+	if err := writeShipment(sp.t.cfg.StateDir, sh); err != nil {
+		return err
+	}
+	sp.t.counters.ShippedSegments.Add(1)
+	sp.t.counters.ShippedBytes.Add(st.Size - from)
+	if from > 0 {
+		sp.t.counters.MappedBytes.Add(from)
+	}
+	sp.t.cfg.Log.Info("shipped", "segment", seg.Path, "key", key, "bytes", st.Size-from, "from", from)
+	return nil
+}
+
+// putBatchList ships the batch list of the object key (the segment from
+// position from). A segment that is not whole record batches has none:
+// no other broker can map its bytes.
+func (sp *shipper) putBatchList(ctx context.Context, seg Segment, key string, from int64, batches []idx.BatchRef) error {
+	var list []idx.BatchRef
+	if batches != nil {
+		for _, b := range batches {
+			if b.Pos >= from {
+				b.Pos -= from
+				list = append(list, b)
+			}
+		}
+	} else {
+		f, err := os.Open(seg.Path)
+		if err != nil {
+			return err
+		}
+		list, err = idx.BatchRefs(seg.Path, f, seg.Size, from)
+		f.Close()
+		var fe *idx.FormatError
+		if errors.As(err, &fe) {
+			sp.t.cfg.Log.Debug("no batch list: not whole record batches", "segment", seg.Path, "err", err)
+			return nil
+		}
+		if err != nil {
+			return err
+		}
+	}
+	b, err := idx.MarshalBatches(list)
+	if err != nil {
+		return fmt.Errorf("batch list of %s: %w", seg.Path, err)
+	}
+	_, err = sp.t.cfg.Store.Put(ctx, batchesKey(key), bytes.NewReader(b), int64(len(b)))
+	return err
+}
+
+// startShipment catalogs the objects a segment is about to put in the
+// store (or finds them catalogued by an earlier, interrupted Ship): the
+// object of its bytes from position from, its batch list and remote
+// indexes, for a whole segment its index files too, and refs, the
+// references it takes on other brokers' objects.
+func (sp *shipper) startShipment(seg Segment, st *syscall.Stat_t, key, manRel string, from int64, refs []string) (Shipment, error) {
+	if sh, err := loadShipment(sp.t.cfg.StateDir, seg.Partition, key); err == nil {
+		if sh.State == ShipmentDeleting {
+			return sh, fmt.Errorf("%s: its remote copy is being deleted", seg.Path)
+		}
+		return sh, nil
+	} else if !os.IsNotExist(err) {
+		return sh, err
+	}
+	sh := Shipment{State: ShipmentShipping, Partition: seg.Partition, Base: seg.Base, Key: key, Manifest: manRel, Ino: st.Ino, Since: sp.t.cfg.Now()}
+	var err error
+	if sh.HandleType, sh.Handle, err = fileHandle(seg.Path); err != nil {
+		sp.t.cfg.Log.Debug("no file handle", "segment", seg.Path, "err", err)
+	}
+	if from == 0 {
+		for _, k := range sp.sidecarKeys(seg, st) {
+			sh.Objects = append(sh.Objects, k.key, chunkxfer.ManifestKey(k.key))
+		}
+	} else {
+		sh.Objects = append(sh.Objects, key, chunkxfer.ManifestKey(key))
+	}
+	base := strings.TrimSuffix(key, kafka.KindLog)
+	sh.Objects = append(sh.Objects, base+".batches", base+".rindex", base+".rtimeindex")
+	sh.Objects = append(sh.Objects, refs...)
+	return sh, writeShipment(sp.t.cfg.StateDir, sh)
+}
+
+// sidecarKeys are the files shipped for a segment and their keys: the
+// .log first, then its indexes, snapshot and the partition's
+// leader-epoch-checkpoint, those that exist.
+func (sp *shipper) sidecarKeys(seg Segment, st *syscall.Stat_t) []sidecarKey {
+	out := []sidecarKey{{seg.Path, sp.objectKey(seg, st, ".log")}}
+	for _, kind := range []string{kafka.KindIndex, kafka.KindTimeIndex, kafka.KindTxnIndex, kafka.KindSnapshot} {
+		if p := sidecar(seg, kind); fileExists(p) {
+			out = append(out, sidecarKey{p, sp.objectKey(seg, st, kind)})
+		}
+	}
+	if p := filepath.Join(filepath.Dir(seg.Path), "leader-epoch-checkpoint"); fileExists(p) {
+		out = append(out, sidecarKey{p, sp.objectKey(seg, st, ".leader-epoch-checkpoint")})
+	}
+	return out
+}
+
+// index appends the entries of object key (the segment's bytes from
+// position from, whose first batch has offset objBase) to the
+// partition's index file (once), and ships the index file, on the
+// condition that no other broker changed it meanwhile, and the object's
+// remote indexes. Losing that race to another broker costs a retry of
+// the append, never an upload: the store's index is taken, and what it
+// still lacks of this object's offsets is appended again (entries that
+// point into the object past what the other broker shipped). Where the
+// other broker's upload holds every offset of the segment, the segment
+// is mapped onto it instead (*coveredError); after maxIndexTries lost
+// races it waits for the next pass (*WaitError).
+func (sp *shipper) index(ctx context.Context, seg Segment, key string, from, objBase int64, keyAt func(int64) string) error {
+	unlock := sp.t.indexes.lock(seg.Partition)
+	defer unlock()
+	at := from // where the object's entries start in the file
+	for try := 1; ; try++ {
+		err := sp.appendIndex(ctx, seg, key, from, at, objBase)
+		if err == nil {
+			sp.t.counters.OverlapBytes.Add(at - from)
+		}
+		if !errors.Is(err, ErrIndexMoved) {
+			return err
+		}
+		sp.t.counters.IndexRaces.Add(1)
+		sp.t.cfg.Log.Info("another broker changed the partition's index first: appending again", "segment", seg.Path, "key", key, "try", try)
+		if try == maxIndexTries {
+			return &WaitError{Why: fmt.Sprintf("lost the race to the store's index %d times (other brokers ship this partition too): appended again next pass", try)}
+		}
+		// putIndex took the store's index: what does it hold now?
+		f, err := sp.t.indexes.file(seg.Partition)
+		if err != nil {
+			return err
+		}
+		cov, _, err := sp.cover(ctx, seg, f, keyAt)
+		switch {
+		case err != nil:
+			return err
+		case cov.Next < 0 && len(cov.Extents) > 0:
+			return &coveredError{cov: cov}
+		case cov.Why != "" || cov.End < at:
+			return &WaitError{Why: fmt.Sprintf("another broker changed the partition's index while this segment shipped (%s): decided again next pass", cmp.Or(cov.Why, "it holds fewer of its offsets than before"))}
+		case cov.End > at:
+			at, objBase = cov.End, cov.Next
+		}
+	}
+}
+
+// appendIndex is one try of index: the entries of object key from file
+// position at on (the object starts at from), with offsets from objBase.
+// Call it with the partition locked.
+func (sp *shipper) appendIndex(ctx context.Context, seg Segment, key string, from, at, objBase int64) error {
+	f, err := sp.t.indexes.file(seg.Partition)
+	if err != nil {
+		return err
+	}
+	next := nextOrMax(seg.Next)
+	var have bool
+	f.View(func(x *idx.Index) {
+		lo, hi := x.Segment(objBase, next)
+		for i := lo; i < hi; i++ {
+			if strings.HasPrefix(string(x.Entry(i).RDI), key+"@") {
+				have = true
+				return
+			}
+		}
+	})
+	if !have {
+		lf, err := os.Open(seg.Path)
+		if err != nil {
+			return err
+		}
+		c, err := idx.ChunkSegment(seg.Path, io.NewSectionReader(lf, at, seg.Size-at), seg.Size-at, objBase, idx.ChunkOptions{})
+		lf.Close()
+		if err != nil {
+			return err
+		}
+		if c.Opaque {
+			sp.t.cfg.Log.Warn("segment is not well-formed record batches; indexed as opaque chunks", "segment", seg.Path, "why", c.Reason)
+		}
+		var es []idx.Entry
+		for _, ch := range c.Chunks {
+			e := ch.Entry
+			e.RDI = []byte(fmt.Sprintf("%s@%d", key, at-from+ch.Position))
+			es = append(es, e)
+		}
+		if err := f.Append(es...); err != nil {
+			return err
+		}
+	}
+	var ri idx.RemoteIndexes
+	f.View(func(x *idx.Index) { ri, err = x.BuildRemoteIndexes(objBase, next) })
+	if err != nil {
+		return err
+	}
+	if err := idx.WriteRemoteIndexes(filepath.Dir(f.Path()), ri); err != nil {
+		return err
+	}
+	base := strings.TrimSuffix(key, kafka.KindLog)
+	for name, b := range map[string][]byte{base + ".rindex": ri.MarshalOffsets(), base + ".rtimeindex": ri.MarshalTimes()} {
+		if _, err := sp.t.cfg.Store.Put(ctx, name, bytes.NewReader(b), int64(len(b))); err != nil {
+			return err
+		}
+	}
+	return sp.t.share.putIndex(ctx, seg.Partition, f)
+}
+
+// objectKey names a segment's objects: <partition>/<base20>-<id><suffix>,
+// where id tells apart two files that had the same base offset (a
+// segment rewritten after a truncation).
+func (sp *shipper) objectKey(seg Segment, st *syscall.Stat_t, suffix string) string {
+	return sp.identityKey(seg, st.Ino, st.Size, st.Mtim.Nano(), suffix)
+}
+
+func (sp *shipper) identityKey(seg Segment, ino uint64, size, mtimeNs int64, suffix string) string {
+	h := fnv.New32a()
+	if id := sp.t.BrokerID(); id != "" {
+		// Brokers share the store: their inode numbers may meet.
+		fmt.Fprintf(h, "broker %s/", id)
+	}
+	fmt.Fprintf(h, "%d/%d/%d", ino, size, mtimeNs)
+	return fmt.Sprintf("%s/%020d-%08x%s", seg.Partition, seg.Base, h.Sum32(), suffix)
+}
+
+// findSegment is the segment at rel, with what eligibility needs.
+func (sp *shipper) findSegment(rel string) (Segment, error) {
+	if err := sp.t.waitReady(); err != nil {
+		return Segment{}, err
+	}
+	rel = filepath.Clean(rel)
+	dir, name, ok := strings.Cut(rel, "/")
+	if !ok || strings.Contains(name, "/") || dir == ".." || filepath.IsAbs(rel) {
+		return Segment{}, fmt.Errorf("%s is not a segment (<partition dir>/<base offset>.log)", rel)
+	}
+	p, err := ScanPartition(sp.t.cfg.Root, dir)
+	if err != nil {
+		return Segment{}, err
+	}
+	for _, seg := range p.Segments {
+		if filepath.Base(seg.Path) == name {
+			return seg, nil
+		}
+	}
+	return Segment{}, fmt.Errorf("%s is not a segment (<partition dir>/<base offset>.log)", rel)
+}
