@@ -226,8 +226,11 @@ func (h *tieredFile) Release(ctx context.Context) syscall.Errno {
 }
 
 // openTiered is the tiered view of the file this node has open at fd
-// (O_PATH or not); nil without tiering. The caller closes it.
-func (n *node) openTiered(fd int) (tiered.File, error) {
+// (O_PATH or not), named rel from the root ("": not known, which spares
+// a walk up the tree for an attribute read or a truncate; the tierer
+// asks the descriptor when it needs the name); nil without tiering. The
+// caller closes it.
+func (n *node) openTiered(fd int, rel string) (tiered.File, error) {
 	t := n.root.tiering
 	if t == nil {
 		return nil, nil
@@ -238,7 +241,7 @@ func (n *node) openTiered(fd int) (tiered.File, error) {
 		// original could not be retained from a catch-up log.
 		flags |= tiered.NoMove
 	}
-	return t.Open(n.StableAttr().Ino, n.Path(n.Root()), fd, flags)
+	return t.Open(n.StableAttr().Ino, rel, fd, flags)
 }
 
 // wrapTiered gives a file its tiered handle if it is tiered (by its path
@@ -259,7 +262,7 @@ func (n *node) wrapTiered(lf *localFile, rel string) (gofs.FileHandle, uint32, e
 	}
 	ino := n.StableAttr().Ino
 	if t.Tiered(rel) {
-		tf, err := n.openTiered(int(lf.f.Fd()))
+		tf, err := n.openTiered(int(lf.f.Fd()), rel)
 		if err != nil {
 			return nil, 0, err
 		}
@@ -269,7 +272,7 @@ func (n *node) wrapTiered(lf *localFile, rel string) (gofs.FileHandle, uint32, e
 	// A file with a tiering state is tiered whatever its name now (Kafka
 	// renames segments to .deleted before removing them). Read after the
 	// hold: an eviction that ran shows here, and none can run after.
-	if tf, err := n.openTiered(int(lf.f.Fd())); err == nil {
+	if tf, err := n.openTiered(int(lf.f.Fd()), rel); err == nil {
 		if st, err := tf.State(); err == nil && st != tiered.StateLocal {
 			release()
 			return &tieredFile{localFile: lf, tf: tf, ino: ino}, fuse.FOPEN_KEEP_CACHE, nil
@@ -286,7 +289,7 @@ func (n *node) tieringXattr(fd int, attr string, dest []byte) (uint32, syscall.E
 	if n.root.tiering == nil || (attr != tiered.XattrState && attr != tiered.XattrRDI && attr != tiered.XattrRemote) {
 		return 0, 0, false
 	}
-	tf, err := n.openTiered(fd)
+	tf, err := n.openTiered(fd, "")
 	if err != nil {
 		return 0, toErrno(err), true
 	}
@@ -338,7 +341,7 @@ func filterXattrList(b []byte) []byte {
 // the gate if its bytes are local. A remote file moves, or, truncated to
 // the size it has, is left as it is (local is not run).
 func (n *node) truncate(fd int, size int64, local func() error) error {
-	tf, err := n.openTiered(fd)
+	tf, err := n.openTiered(fd, "")
 	if err != nil {
 		return err
 	}
@@ -372,7 +375,7 @@ func (r *Root) moveAttr(ino uint64, a *fuse.Attr) {
 // from a catch-up log. One to the size it has changes nothing, and a
 // file moving already takes it through its move.
 func (n *node) refuseRemoteTruncate(fd int, size int64) error {
-	tf, err := n.openTiered(fd)
+	tf, err := n.openTiered(fd, "")
 	if err != nil || tf == nil {
 		return err
 	}

@@ -80,7 +80,7 @@ func (f *openFile) current() (*fileState, error) {
 		return s, nil
 	}
 	s := &fileState{epoch: e, st: tiered.StateLocal}
-	rec, has, err := readRecordFd(f.fd, f.rel)
+	rec, has, err := readRecordFd(f.fd, f.name())
 	if errors.Is(err, unix.EBADF) { // an O_PATH descriptor: by its path
 		rec, has, err = readRecord(fdPath(f.fd))
 	}
@@ -175,7 +175,7 @@ func (f *openFile) ReadAt(p []byte, off int64) (int, error) {
 			return n, rerr
 		}
 	}
-	return 0, fmt.Errorf("%s: its state kept changing", f.rel)
+	return 0, fmt.Errorf("%s: its state kept changing", f.name())
 }
 
 // source is the store copy of the file as recorded in s, opened once.
@@ -244,15 +244,32 @@ func (f *openFile) moveFor(s *fileState, cause tiered.Cause) (*Move, error) {
 	if f.flags&tiered.NoMove != 0 {
 		return nil, fmt.Errorf("change: %w", tiered.ErrRemote)
 	}
-	m, err := f.t.moves.startMoveOf(f.currentRel(), f.ino, cause)
+	rel := f.currentRel()
+	if rel == "" {
+		return nil, fmt.Errorf("%s has no name in the log dir: %w", fdPath(f.fd), tiered.ErrRemote)
+	}
+	m, err := f.t.moves.startMoveOf(rel, f.ino, cause)
 	if err != nil {
-		f.t.cfg.Log.Error("cannot start moving an evicted file back", "path", f.currentRel(), "cause", cause.String(), "err", err)
+		f.t.cfg.Log.Error("cannot start moving an evicted file back", "path", rel, "cause", cause.String(), "err", err)
 	}
 	return m, err
 }
 
+// name names the file in errors: by the name it was opened by, else
+// by its name now.
+func (f *openFile) name() string {
+	if f.rel != "" {
+		return f.rel
+	}
+	if rel := f.currentRel(); rel != "" {
+		return rel
+	}
+	return fdPath(f.fd)
+}
+
 // currentRel is the file's name from the root now (it may have been
-// renamed since it was opened), or the name it was opened by.
+// renamed since it was opened), or the name it was opened by ("" when
+// neither is known).
 func (f *openFile) currentRel() string {
 	buf := make([]byte, 4096)
 	n, err := unix.Readlink(fdPath(f.fd), buf)
@@ -305,7 +322,7 @@ func (f *openFile) WriteAt(p []byte, off int64, local func() (int, error)) (int,
 		}
 		return n, err
 	}
-	return 0, fmt.Errorf("%s: its state kept changing", f.rel)
+	return 0, fmt.Errorf("%s: its state kept changing", f.name())
 }
 
 func (f *openFile) Truncate(size int64, local func() error) error {
@@ -343,7 +360,7 @@ func (f *openFile) Truncate(size int64, local func() error) error {
 			return err
 		}
 	}
-	return fmt.Errorf("%s: its state kept changing", f.rel)
+	return fmt.Errorf("%s: its state kept changing", f.name())
 }
 
 func (f *openFile) Locked(fn func(tiered.State) error) error {
