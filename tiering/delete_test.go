@@ -192,7 +192,7 @@ func TestDeletionResumesAfterFailure(t *testing.T) {
 	if len(rep.Errors) != 1 || rep.Deleted != 0 {
 		t.Fatalf("report %+v", rep)
 	}
-	sh, err := loadShipments(filepath.Join(root, ".tierfs"))
+	sh, err := tr.shipments.all()
 	if err != nil {
 		t.Fatal(err)
 	}

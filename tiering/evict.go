@@ -39,7 +39,7 @@ func (ev *evictor) evictUnderRetention(ctx context.Context, parts []Partition, n
 		var shipped []cand
 		var local int64
 		for _, seg := range p.Segments {
-			rec, has, err := readRecord(seg.Path)
+			rec, has, err := ev.t.records.of(seg)
 			if err != nil {
 				errs = append(errs, ev.t.status.noteErr(p.Name, err))
 				continue
@@ -108,7 +108,7 @@ func (ev *evictor) Evict(path string) error {
 		if errors.Is(err, store.ErrNotFound) {
 			// Gone or replaced: forget the copy; the segment ships again.
 			unix.Removexattr(path, recordXattr)
-			ev.t.handles.changed(rec.Ino)
+			ev.t.changed(rec.Ino)
 		}
 		return fmt.Errorf("not freeing the local bytes of %s: %w", path, err)
 	}
@@ -134,7 +134,7 @@ func (ev *evictor) Evict(path string) error {
 		if err := unix.Removexattr(path, recordXattr); err != nil {
 			return err
 		}
-		ev.t.handles.changed(rec.Ino)
+		ev.t.changed(rec.Ino)
 		return fmt.Errorf("%s changed since it was shipped; shipping it again: %w", path, chunkxfer.ErrSourceChanged)
 	}
 	rec.State = StateRemote
@@ -143,7 +143,7 @@ func (ev *evictor) Evict(path string) error {
 	}
 	// Told under the gate: no handle reads the local bytes now, and
 	// each reads the record again before it reads any.
-	ev.t.handles.changed(rec.Ino)
+	ev.t.changed(rec.Ino)
 	ev.t.crashPoint(CrashEvictMarked)
 	if _, err := ev.finishEvict(Segment{Path: path}, rec); err != nil {
 		return err

@@ -58,3 +58,12 @@ func (h *handles) open() int {
 	}
 	return n
 }
+
+// changed is told of every change the tierer makes to the state of inode
+// ino (its record, a shipment or a move starting or ending), after it is
+// written: its open files read their state again, and so does the next
+// pass.
+func (t *Tierer) changed(ino uint64) {
+	t.handles.changed(ino)
+	t.records.forget(ino)
+}

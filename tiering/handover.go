@@ -131,7 +131,7 @@ func (t *Tierer) AdoptRemote(ctx context.Context, rel string, desc []byte, mode 
 	if sh.HandleType, sh.Handle, err = fileHandle(tmp); err != nil {
 		t.cfg.Log.Debug("no file handle", "file", tmp, "err", err)
 	}
-	if err := writeShipment(t.cfg.StateDir, sh); err != nil {
+	if err := t.shipments.put(sh); err != nil {
 		return "", err
 	}
 	if err := t.share.takeRefs(ctx, rc.Extents, holder); err != nil {
@@ -149,7 +149,7 @@ func (t *Tierer) AdoptRemote(ctx context.Context, rel string, desc []byte, mode 
 		return "", err
 	}
 	sh.State, sh.Since = ShipmentShipped, t.cfg.Now()
-	if err := writeShipment(t.cfg.StateDir, sh); err != nil {
+	if err := t.shipments.put(sh); err != nil {
 		return "", err
 	}
 	ok = true

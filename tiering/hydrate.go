@@ -131,7 +131,7 @@ func (hy *hydrator) Hydrate(ctx context.Context, path string, progress chunkxfer
 	if err := writeRecord(path, rec); err != nil {
 		return err
 	}
-	hy.t.handles.changed(rec.Ino)
+	hy.t.changed(rec.Ino)
 	hy.t.counters.HydratedSegments[tiered.CauseHydrate].Add(1)
 	hy.t.counters.HydratedBytes[tiered.CauseHydrate].Add(rec.Size)
 	if progress != nil {

@@ -172,7 +172,7 @@ func (ms *moves) startMove(rel string, ino uint64, old *os.File, cause tiered.Ca
 		}
 	}
 	ms.t.moves.add(ino, m)
-	ms.t.handles.changed(ino)
+	ms.t.changed(ino)
 	if old != nil {
 		m.begin("recovered", true)
 	}
@@ -488,7 +488,7 @@ func (m *Move) run(ctx context.Context) error {
 	}
 	m.done = true
 	t.moves.remove(m.rec.Ino)
-	t.handles.changed(m.rec.Ino)
+	t.changed(m.rec.Ino)
 	t.counters.HydratedSegments[m.cause].Add(1)
 	t.counters.HydratedBytes[m.cause].Add(m.rec.Size)
 	m.remote.Close()

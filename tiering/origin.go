@@ -5,7 +5,6 @@ import (
 	"path/filepath"
 	"slices"
 	"sort"
-	"strings"
 
 	"github.com/tierfs/tierfs/chunkxfer"
 )
@@ -32,20 +31,13 @@ func (t *Tierer) Origins(partition string) ([]Origin, error) {
 	if err := t.waitReady(); err != nil {
 		return nil, err
 	}
-	paths, err := filepath.Glob(filepath.Join(t.cfg.StateDir, "shipments", partition, "*.json"))
+	ships, err := t.shipments.of(partition)
 	if err != nil {
 		return nil, err
 	}
 	self := t.BrokerID()
 	var out []Origin
-	for _, p := range paths {
-		s, err := loadShipment(t.cfg.StateDir, partition, strings.TrimSuffix(filepath.Base(p), ".json"))
-		if os.IsNotExist(err) {
-			continue
-		}
-		if err != nil {
-			return nil, err
-		}
+	for _, s := range ships {
 		o := Origin{Base: s.Base, Key: s.Key, State: s.State}
 		for _, k := range s.Objects {
 			by := self

@@ -28,6 +28,8 @@ type Segment struct {
 	Size  int64
 	Mtime time.Time
 	Ino   uint64
+	Ctime int64 // ns; 0 where unknown
+	Alloc int64 // bytes allocated on disk
 }
 
 // Partition is a live partition directory and its segments, by offset.
@@ -88,11 +90,11 @@ func scanPartition(root, name string, pd kafka.PartitionDir) (Partition, error) 
 		if err != nil {
 			continue
 		}
-		var ino uint64
+		seg := Segment{Partition: p.Name, TP: p.TP, Base: sn.BaseOffset, Path: filepath.Join(p.Dir, f.Name()), Size: fi.Size(), Mtime: fi.ModTime()}
 		if st, ok := fi.Sys().(*syscall.Stat_t); ok {
-			ino = st.Ino
+			seg.Ino, seg.Ctime, seg.Alloc = st.Ino, st.Ctim.Nano(), st.Blocks*512
 		}
-		p.Segments = append(p.Segments, Segment{Partition: p.Name, TP: p.TP, Base: sn.BaseOffset, Path: filepath.Join(p.Dir, f.Name()), Size: fi.Size(), Mtime: fi.ModTime(), Ino: ino})
+		p.Segments = append(p.Segments, seg)
 	}
 	slices.SortFunc(p.Segments, func(a, b Segment) int { return cmp.Compare(a.Base, b.Base) })
 	for i := range p.Segments {

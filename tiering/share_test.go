@@ -534,7 +534,7 @@ func TestShipResumesAfterIndexedCrash(t *testing.T) {
 	}
 	rec, _, _ := readRecord(renamed)
 	// The state of the crash: the shipment still shipping, no record.
-	sh, err := loadShipment(tr.cfg.StateDir, "orders-0", rec.Key)
+	sh, err := tr.shipments.get("orders-0", rec.Key)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -545,6 +545,10 @@ func TestShipResumesAfterIndexedCrash(t *testing.T) {
 	if err := unix.Removexattr(renamed, recordXattr); err != nil {
 		t.Fatal(err)
 	}
+	// The mount starts again.
+	tr.Close()
+	tr = shareTierer(t, r, s, RoleLeader)
+	tr.cfg.LocalRetentionBytes = 0
 	rep := mustPass(t, tr)
 	now, has, _ := readRecord(renamed)
 	if rep.Shipped != 1 || !has || now.Key != rec.Key || len(now.Extents) != 0 {

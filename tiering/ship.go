@@ -129,8 +129,7 @@ func (sp *shipper) cover(ctx context.Context, seg Segment, f *idx.File, keyAt fu
 // ownShipment says whether key is an object this mount shipped (its
 // catalog holds a shipment of it).
 func (sp *shipper) ownShipment(partition, key string) bool {
-	_, err := os.Stat(shipmentPath(sp.t.cfg.StateDir, partition, key))
-	return err == nil
+	return sp.t.shipments.has(partition, key)
 }
 
 // batchList is the batch list of an object, from the store (kept in
@@ -160,7 +159,7 @@ func (sp *shipper) shipPartition(ctx context.Context, p Partition, cp Checkpoint
 	sp.t.status.noteKept(p.Name, Segment{}, "")
 	sp.t.roles.checkEpoch(p.Name)
 	for _, seg := range p.Segments {
-		rec, has, err := readRecord(seg.Path)
+		rec, has, err := sp.t.records.of(seg)
 		if err != nil {
 			rep.Errors = append(rep.Errors, sp.t.status.noteErr(p.Name, err))
 			blocked = "an earlier segment failed"
@@ -176,7 +175,7 @@ func (sp *shipper) shipPartition(ctx context.Context, p Partition, cp Checkpoint
 				blocked = "an earlier segment failed"
 				continue
 			}
-			sp.t.handles.changed(seg.Ino)
+			sp.t.changed(seg.Ino)
 			has = false
 		}
 		if has {
@@ -274,10 +273,10 @@ func (sp *shipper) ship(ctx context.Context, seg Segment, progress chunkxfer.Pro
 	}
 	defer sp.t.claims.release(objectClaim(key))
 	doneShipping := sp.t.claims.startShipping(st.Ino)
-	sp.t.handles.changed(st.Ino)
+	sp.t.changed(st.Ino)
 	defer func() {
 		doneShipping()
-		sp.t.handles.changed(st.Ino)
+		sp.t.changed(st.Ino)
 	}()
 	if sync {
 		unlock := sp.t.indexes.lock(seg.Partition)
@@ -345,7 +344,7 @@ func (sp *shipper) maybeCovered(seg Segment, f *idx.File) bool {
 // reads from them), and records its extents. Nothing is uploaded.
 func (sp *shipper) mapOnto(ctx context.Context, seg Segment, st *syscall.Stat_t, key string, cov coverage) error {
 	holder := holderOf(key)
-	if old, err := loadShipment(sp.t.cfg.StateDir, seg.Partition, key); err == nil {
+	if old, err := sp.t.shipments.get(seg.Partition, key); err == nil {
 		// An upload of this file that lost the race to the index: its
 		// objects are nobody's now.
 		if own := ownObjects(old); len(own) > 0 {
@@ -362,7 +361,7 @@ func (sp *shipper) mapOnto(ctx context.Context, seg Segment, st *syscall.Stat_t,
 	if sh.HandleType, sh.Handle, err = fileHandle(seg.Path); err != nil {
 		sp.t.cfg.Log.Debug("no file handle", "segment", seg.Path, "err", err)
 	}
-	if err := writeShipment(sp.t.cfg.StateDir, sh); err != nil {
+	if err := sp.t.shipments.put(sh); err != nil {
 		return err
 	}
 	if err := sp.t.share.takeRefs(ctx, cov.Extents, holder); err != nil {
@@ -376,7 +375,7 @@ func (sp *shipper) mapOnto(ctx context.Context, seg Segment, st *syscall.Stat_t,
 		return err
 	}
 	sh.State, sh.Since = ShipmentShipped, sp.t.cfg.Now()
-	if err := writeShipment(sp.t.cfg.StateDir, sh); err != nil {
+	if err := sp.t.shipments.put(sh); err != nil {
 		return err
 	}
 	sp.t.counters.MappedSegments.Add(1)
@@ -456,7 +455,7 @@ func (sp *shipper) shipRest(ctx context.Context, seg Segment, st *syscall.Stat_t
 		return err
 	}
 	sh.State, sh.Since = ShipmentShipped, sp.t.cfg.Now()
-	if err := writeShipment(sp.t.cfg.StateDir, sh); err != nil {
+	if err := sp.t.shipments.put(sh); err != nil {
 		return err
 	}
 	sp.t.counters.ShippedSegments.Add(1)
@@ -510,7 +509,7 @@ func (sp *shipper) putBatchList(ctx context.Context, seg Segment, key string, fr
 // indexes, for a whole segment its index files too, and refs, the
 // references it takes on other brokers' objects.
 func (sp *shipper) startShipment(seg Segment, st *syscall.Stat_t, key, manRel string, from int64, refs []string) (Shipment, error) {
-	if sh, err := loadShipment(sp.t.cfg.StateDir, seg.Partition, key); err == nil {
+	if sh, err := sp.t.shipments.get(seg.Partition, key); err == nil {
 		if sh.State == ShipmentDeleting {
 			return sh, fmt.Errorf("%s: its remote copy is being deleted", seg.Path)
 		}
@@ -533,7 +532,7 @@ func (sp *shipper) startShipment(seg Segment, st *syscall.Stat_t, key, manRel st
 	base := strings.TrimSuffix(key, kafka.KindLog)
 	sh.Objects = append(sh.Objects, base+".batches", base+".rindex", base+".rtimeindex")
 	sh.Objects = append(sh.Objects, refs...)
-	return sh, writeShipment(sp.t.cfg.StateDir, sh)
+	return sh, sp.t.shipments.put(sh)
 }
 
 // sidecarKeys are the files shipped for a segment and their keys: the

@@ -75,19 +75,6 @@ func writeShipment(stateDir string, s Shipment) error {
 	return writeFileAtomic(shipmentPath(stateDir, s.Partition, s.Key), b)
 }
 
-// loadShipment reads the shipment of key.
-func loadShipment(stateDir, partition, key string) (Shipment, error) {
-	var s Shipment
-	b, err := os.ReadFile(shipmentPath(stateDir, partition, key))
-	if err != nil {
-		return s, err
-	}
-	if err := json.Unmarshal(b, &s); err != nil {
-		return s, fmt.Errorf("shipment of %s: %w", key, err)
-	}
-	return s, nil
-}
-
 // ownObjects are the objects of a shipment that it put in the store:
 // all but its references to other brokers' objects.
 func ownObjects(s Shipment) []string {
@@ -98,37 +85,6 @@ func ownObjects(s Shipment) []string {
 		}
 	}
 	return out
-}
-
-// loadShipments reads every shipment in the state dir, by partition and
-// base offset.
-func loadShipments(stateDir string) ([]Shipment, error) {
-	paths, err := filepath.Glob(filepath.Join(stateDir, "shipments", "*", "*.json"))
-	if err != nil {
-		return nil, err
-	}
-	var out []Shipment
-	for _, p := range paths {
-		b, err := os.ReadFile(p)
-		if err != nil {
-			if os.IsNotExist(err) {
-				continue
-			}
-			return nil, err
-		}
-		var s Shipment
-		if err := json.Unmarshal(b, &s); err != nil {
-			return nil, fmt.Errorf("shipment %s: %w", p, err)
-		}
-		out = append(out, s)
-	}
-	sort.Slice(out, func(i, j int) bool {
-		if out[i].Partition != out[j].Partition {
-			return out[i].Partition < out[j].Partition
-		}
-		return out[i].Base < out[j].Base
-	})
-	return out, nil
 }
 
 // fileHandle is the handle of the file at path, or none where the file
@@ -147,6 +103,12 @@ var errNoHandle = errors.New("no file handle (the backing file system has none)"
 // alive says whether the file a shipment was made of still holds that
 // version: its inode exists (under any name) and its record names the
 // shipment's key, or it is still being shipped.
+// recorded says whether the live segment seg's record names shipment s.
+func (dl *deleter) recorded(seg Segment, s Shipment) bool {
+	rec, has, err := dl.t.records.of(seg)
+	return err == nil && has && rec.Key == s.Key
+}
+
 func (dl *deleter) alive(rootFd int, s Shipment) (bool, error) {
 	if len(s.Handle) == 0 {
 		return true, errNoHandle
@@ -176,8 +138,8 @@ func (dl *deleter) alive(rootFd int, s Shipment) (bool, error) {
 // followDeletions deletes the objects of every shipment whose file the
 // broker deleted (retention, the log cleaner, truncation, a deleted
 // topic), and the index entries that point at them.
-func (dl *deleter) followDeletions(ctx context.Context) (int, []error) {
-	ships, err := loadShipments(dl.t.cfg.StateDir)
+func (dl *deleter) followDeletions(ctx context.Context, live map[uint64]Segment) (int, []error) {
+	ships, err := dl.t.shipments.all()
 	if err != nil {
 		return 0, []error{err}
 	}
@@ -188,10 +150,21 @@ func (dl *deleter) followDeletions(ctx context.Context) (int, []error) {
 	defer unix.Close(rootFd)
 	var errs []error
 	deleted := 0
-	live := map[string]int{} // partition/base → live shipments there
+	type at struct {
+		partition string
+		base      int64
+	}
+	lives := map[at]int{} // live shipments at a partition's base offset
 	var gone []Shipment
 	for _, s := range ships {
 		if s.State != ShipmentDeleting {
+			if seg, ok := live[s.Ino]; ok && dl.recorded(seg, s) {
+				// Its file is a live segment that the scan just saw,
+				// and its record names this shipment: no need to look
+				// for it by handle.
+				lives[at{s.Partition, s.Base}]++
+				continue
+			}
 			ok, err := dl.alive(rootFd, s)
 			if errors.Is(err, errNoHandle) {
 				dl.t.noHandleOnce.Do(func() {
@@ -201,7 +174,7 @@ func (dl *deleter) followDeletions(ctx context.Context) (int, []error) {
 				errs = append(errs, err)
 			}
 			if ok {
-				live[fmt.Sprintf("%s/%d", s.Partition, s.Base)]++
+				lives[at{s.Partition, s.Base}]++
 				continue
 			}
 		}
@@ -212,7 +185,7 @@ func (dl *deleter) followDeletions(ctx context.Context) (int, []error) {
 		if !dl.t.claims.take(objectClaim(s.Key)) {
 			continue
 		}
-		err := dl.deleteShipment(ctx, s, live[fmt.Sprintf("%s/%d", s.Partition, s.Base)] > 0)
+		err := dl.deleteShipment(ctx, s, lives[at{s.Partition, s.Base}] > 0)
 		dl.t.claims.release(objectClaim(s.Key))
 		if errors.Is(err, errReferenced) || errors.Is(err, ErrIndexMoved) {
 			// Kept for now (another broker reads from it, or kept
@@ -242,7 +215,7 @@ func (dl *deleter) followDeletions(ctx context.Context) (int, []error) {
 func (dl *deleter) deleteShipment(ctx context.Context, s Shipment, baseInUse bool) error {
 	if s.State != ShipmentDeleting {
 		s.State, s.Since = ShipmentDeleting, dl.t.cfg.Now()
-		if err := writeShipment(dl.t.cfg.StateDir, s); err != nil {
+		if err := dl.t.shipments.put(s); err != nil {
 			return err
 		}
 		dl.t.cfg.Log.Info("segment deleted by the broker; deleting its remote copy", "key", s.Key)
@@ -323,20 +296,18 @@ func (dl *deleter) deleteShipment(ctx context.Context, s Shipment, baseInUse boo
 			return err
 		}
 	}
-	if err := os.Remove(shipmentPath(dl.t.cfg.StateDir, s.Partition, s.Key)); err != nil && !os.IsNotExist(err) {
+	if err := dl.t.shipments.remove(s.Partition, s.Key); err != nil {
 		return err
 	}
 	// The local copies of other brokers' manifests that no file here
 	// reads from any more.
 	if len(dropped) > 0 {
 		still := map[string]bool{}
-		others, _ := filepath.Glob(filepath.Join(dl.t.cfg.StateDir, "shipments", s.Partition, "*.json"))
-		for _, p := range others {
-			if o, err := loadShipment(dl.t.cfg.StateDir, s.Partition, strings.TrimSuffix(filepath.Base(p), ".json")); err == nil {
-				for _, k := range o.Objects {
-					if isRefKey(k) {
-						still[refTarget(k)] = true
-					}
+		others, _ := dl.t.shipments.of(s.Partition)
+		for _, o := range others {
+			for _, k := range o.Objects {
+				if isRefKey(k) {
+					still[refTarget(k)] = true
 				}
 			}
 		}
@@ -361,7 +332,7 @@ func deleteObject(ctx context.Context, s store.Store, key string) error {
 // once nothing of the partition is shipped any more (its topic was
 // deleted, or retention removed everything that was shipped).
 func (dl *deleter) dropEmptyIndex(ctx context.Context, partition string) error {
-	ships, err := filepath.Glob(filepath.Join(dl.t.cfg.StateDir, "shipments", partition, "*.json"))
+	ships, err := dl.t.shipments.of(partition)
 	if err != nil || len(ships) > 0 {
 		return err
 	}

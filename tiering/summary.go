@@ -1,7 +1,6 @@
 package tiering
 
 import (
-	"syscall"
 	"time"
 
 	"github.com/tierfs/tierfs/internal/tiered"
@@ -26,7 +25,7 @@ type PartitionSummary struct {
 // Summarize reads the partitions under root and where their segments
 // are; state gives a segment's state (it differs through a mount and on a
 // backing directory). It touches no store.
-func Summarize(root string, state func(path string) tiered.State) ([]PartitionSummary, error) {
+func Summarize(root string, state func(seg Segment) tiered.State) ([]PartitionSummary, error) {
 	parts, err := Scan(root)
 	if err != nil {
 		return nil, err
@@ -35,12 +34,8 @@ func Summarize(root string, state func(path string) tiered.State) ([]PartitionSu
 	for _, p := range parts {
 		s := PartitionSummary{Name: p.Name, Segments: len(p.Segments)}
 		for _, seg := range p.Segments {
-			var st syscall.Stat_t
-			if syscall.Stat(seg.Path, &st) != nil {
-				continue // deleted since the scan
-			}
-			s.OnDisk += st.Blocks * 512
-			switch state(seg.Path) {
+			s.OnDisk += seg.Alloc
+			switch state(seg) {
 			case StateRemote:
 				s.Remote++
 				s.InStore += seg.Size
@@ -72,11 +67,12 @@ func (t *Tierer) Summary() ([]PartitionSummary, error) {
 	if err := t.waitReady(); err != nil {
 		return nil, err
 	}
-	return Summarize(t.cfg.Root, func(path string) tiered.State {
-		st, _, err := t.copies.stateOf(path)
-		if err != nil {
+	// The records of segments that did not change come from memory.
+	return Summarize(t.cfg.Root, func(seg Segment) tiered.State {
+		rec, has, err := t.records.of(seg)
+		if err != nil || !has {
 			return StateLocal // counted as not shipped
 		}
-		return st
+		return rec.State
 	})
 }

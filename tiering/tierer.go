@@ -107,17 +107,19 @@ func (t *Tierer) crashPoint(p CrashPoint) {
 
 // Tierer ships and evicts the segments of one log directory.
 type Tierer struct {
-	cfg     Config
-	ready   chan struct{} // closed once Root and StateDir are known
-	up      *chunkxfer.Uploader
-	mu      sync.Mutex // guards cfg.BrokerID, learnt late
-	indexes *partIndexes
-	batches batchLists
-	status  *partStatus
-	work    work
-	claims  *claims
-	handles *handles
-	moves   *moves
+	cfg       Config
+	ready     chan struct{} // closed once Root and StateDir are known
+	up        *chunkxfer.Uploader
+	mu        sync.Mutex // guards cfg.BrokerID, learnt late
+	indexes   *partIndexes
+	batches   batchLists
+	status    *partStatus
+	work      work
+	claims    *claims
+	handles   *handles
+	shipments *shipmentCatalog
+	records   *records
+	moves     *moves
 
 	// The parts of the work, each in its own file.
 	shipper  *shipper
@@ -233,6 +235,8 @@ func New(cfg Config) (*Tierer, error) {
 	}
 	t := &Tierer{cfg: cfg, claims: newClaims(), handles: newHandles(), stop: make(chan struct{}), ready: make(chan struct{})}
 	t.moves = newMoves(t)
+	t.shipments = newShipmentCatalog(func() string { return t.cfg.StateDir })
+	t.records = newRecords(cfg.Now)
 	t.shipper, t.share, t.deleter, t.evictor = &shipper{t}, &storeIndex{t}, &deleter{t}, &evictor{t}
 	t.copies, t.mirror, t.hydrator = &copies{t}, &mirror{t}, &hydrator{t}
 	t.indexes = newPartIndexes(func() string { return t.cfg.StateDir }, cfg.Log)
@@ -314,10 +318,15 @@ func (t *Tierer) RunOnce(ctx context.Context) Report {
 		return rep
 	}
 	live := make(map[string]bool, len(parts))
+	segs := map[uint64]Segment{} // by inode: the live segments
 	for _, p := range parts {
 		live[p.Name] = true
+		for _, seg := range p.Segments {
+			segs[seg.Ino] = seg
+		}
 	}
 	t.roles.forget(live)
+	t.records.keep(segs)
 	cp, err := ReadCheckpoints(t.cfg.Root)
 	if err != nil {
 		rep.Errors = append(rep.Errors, err)
@@ -325,7 +334,7 @@ func (t *Tierer) RunOnce(ctx context.Context) Report {
 	}
 	// Deletions first: the copies of segments the broker deleted go, and
 	// their index entries with them, before anything new takes their place.
-	rep.Deleted, rep.Errors = t.deleter.followDeletions(ctx)
+	rep.Deleted, rep.Errors = t.deleter.followDeletions(ctx, segs)
 	now := t.cfg.Now()
 	var mu sync.Mutex
 	sem := make(chan struct{}, t.cfg.Concurrency)

@@ -1,0 +1,136 @@
+package tiering
+
+import (
+	"context"
+	"errors"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/tierfs/tierfs/chunkxfer/store"
+)
+
+// A record is read again only when the scan shows its file changed (its
+// ctime moved); one changed within recordSettle is not kept.
+func TestRecordsFollowTheCtime(t *testing.T) {
+	root, bases, _ := logDir(t)
+	now := time.Now()
+	rc := newRecords(func() time.Time { return now })
+	p, err := ScanPartition(root, "orders-0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	seg := p.Segments[0]
+	if _, has, err := rc.of(seg); err != nil || has {
+		t.Fatalf("a local segment: has %v, %v", has, err)
+	}
+	if rc.size() != 0 {
+		t.Fatal("kept a record whose ctime is younger than recordSettle")
+	}
+	now = now.Add(2 * recordSettle)
+	rc.of(seg)
+	if rc.size() != 1 {
+		t.Fatal("did not keep a settled record")
+	}
+	// Shipped behind its back: the old ctime still gives what was read.
+	rec := Record{State: StateShipped, Key: "k", Ino: seg.Ino, Size: seg.Size}
+	if err := writeRecord(seg.Path, rec); err != nil {
+		t.Fatal(err)
+	}
+	if _, has, _ := rc.of(seg); has {
+		t.Fatal("read the record again though the ctime did not move")
+	}
+	// A scan after the change sees a new ctime, and the record.
+	p, _ = ScanPartition(root, "orders-0")
+	if p.Segments[0].Ctime == seg.Ctime {
+		t.Skip("the file system kept the ctime through a setxattr")
+	}
+	if got, has, _ := rc.of(p.Segments[0]); !has || got.Key != "k" {
+		t.Fatalf("after the change: %+v %v", got, has)
+	}
+	rc.forget(seg.Ino)
+	rc.keep(map[uint64]Segment{})
+	if rc.size() != 0 {
+		t.Fatalf("%d records kept of files no scan saw", rc.size())
+	}
+	_ = bases
+}
+
+// The shipment catalog writes through to disk, and a new one (a mount
+// started again) reads the same shipments back.
+func TestShipmentCatalog(t *testing.T) {
+	dir := t.TempDir()
+	c := newShipmentCatalog(func() string { return dir })
+	if all, err := c.all(); err != nil || len(all) != 0 {
+		t.Fatalf("empty: %v %v", all, err)
+	}
+	for i, s := range []Shipment{
+		{State: ShipmentShipped, Partition: "a-0", Base: 20, Key: "a-0/00000000000000000020-1.log"},
+		{State: ShipmentShipping, Partition: "a-0", Base: 0, Key: "a-0/00000000000000000000-2.log"},
+		{State: ShipmentShipped, Partition: "b-0", Base: 5, Key: "b-0/00000000000000000005-3.log"},
+	} {
+		if err := c.put(s); err != nil {
+			t.Fatalf("put %d: %v", i, err)
+		}
+	}
+	if _, err := c.get("a-0", "a-0/nothing.log"); !errors.Is(err, os.ErrNotExist) {
+		t.Fatalf("get of none: %v", err)
+	}
+	if !c.has("b-0", "b-0/00000000000000000005-3.log") {
+		t.Fatal("has")
+	}
+	of, _ := c.of("a-0")
+	if len(of) != 2 || of[0].Base != 0 || of[1].Base != 20 {
+		t.Fatalf("of a-0: %+v", of)
+	}
+	if err := c.remove("b-0", "b-0/00000000000000000005-3.log"); err != nil {
+		t.Fatal(err)
+	}
+	again := newShipmentCatalog(func() string { return dir })
+	all, err := again.all()
+	if err != nil || len(all) != 2 || all[0].Partition != "a-0" || c.count() != 2 {
+		t.Fatalf("read back: %+v %v", all, err)
+	}
+	if _, err := os.Stat(shipmentPath(dir, "b-0", "b-0/00000000000000000005-3.log")); !os.IsNotExist(err) {
+		t.Fatalf("a removed shipment is on disk: %v", err)
+	}
+	// A torn file is an error that names it.
+	bad := filepath.Join(dir, "shipments", "c-0", "x.log.json")
+	os.MkdirAll(filepath.Dir(bad), 0o755)
+	os.WriteFile(bad, []byte("{"), 0o644)
+	if _, err := newShipmentCatalog(func() string { return dir }).all(); err == nil || !strings.Contains(err.Error(), bad) {
+		t.Fatalf("a torn shipment: %v", err)
+	}
+}
+
+// A pass that finds nothing to do reads no record and no shipment from
+// disk: every segment's record comes from memory, every shipment's file
+// is known alive from the scan.
+func TestIdlePassReadsNothing(t *testing.T) {
+	root, _, _ := logDir(t)
+	tr := newTierer(t, root, store.NewMem(nil), 1<<40)
+	tr.cfg.Policy.ShipAfter = 0
+	ctx := context.Background()
+	if rep := tr.RunOnce(ctx); rep.Shipped == 0 || len(rep.Errors) > 0 {
+		t.Fatalf("first pass: %+v", rep)
+	}
+	later := time.Now().Add(time.Minute)
+	tr.cfg.Now = func() time.Time { return later }
+	tr.records.now = tr.cfg.Now
+	tr.RunOnce(ctx) // the records of the shipped segments settle
+	// Now every record and shipment on disk is made unreadable: an idle
+	// pass that read one would fail.
+	ships, _ := tr.shipments.all()
+	for _, s := range ships {
+		os.WriteFile(shipmentPath(tr.cfg.StateDir, s.Partition, s.Key), []byte("{"), 0o644)
+	}
+	n := tr.records.size()
+	if n < len(ships) {
+		t.Fatalf("%d records kept for %d shipments", n, len(ships))
+	}
+	if rep := tr.RunOnce(ctx); len(rep.Errors) > 0 || rep.Shipped != 0 || rep.Deleted != 0 {
+		t.Fatalf("idle pass: %+v", rep)
+	}
+}
