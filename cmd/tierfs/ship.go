@@ -165,6 +165,11 @@ func (m mountControl) Call(ctx context.Context, op string, args json.RawMessage)
 			return nil, err
 		}
 		return partitionInfos(m.t, a)
+	case "summary":
+		if m.t == nil {
+			return nil, errors.New("this mount has no remote (mount it with --remote)")
+		}
+		return m.t.Summary()
 	}
 	return cmCall(ctx, m.cm, m.mountpoint, op, args)
 }

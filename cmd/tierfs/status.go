@@ -106,8 +106,20 @@ func askPartitions(mountpoint string, sums []tiering.PartitionSummary, segments 
 	return out
 }
 
+// summarize is the partitions' summary: from the mount at root, which
+// knows the records of its segments, or else read through root.
+func summarize(root string) ([]tiering.PartitionSummary, error) {
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	var sums []tiering.PartitionSummary
+	if _, err := callMount(ctx, root, "summary", struct{}{}, &sums); err == nil {
+		return sums, nil
+	}
+	return tiering.Summarize(root, segmentState)
+}
+
 func statusJSON(w io.Writer, root string, lastErr map[string]tiering.PartitionError, segments bool) error {
-	sums, err := tiering.Summarize(root, segmentState)
+	sums, err := summarize(root)
 	if err != nil {
 		return err
 	}
@@ -131,7 +143,8 @@ func statusJSON(w io.Writer, root string, lastErr map[string]tiering.PartitionEr
 // segmentState reads a segment's state through a mount (user.tierfs.state)
 // or, on a backing directory, from tierfs's own attribute; a state it
 // cannot read counts as local.
-func segmentState(path string) tiered.State {
+func segmentState(seg tiering.Segment) tiered.State {
+	path := seg.Path
 	buf := make([]byte, 4096)
 	if n, err := unix.Getxattr(path, tiered.XattrState, buf); err == nil {
 		st, _ := tiered.ParseState(string(buf[:n]))
@@ -151,7 +164,7 @@ func segmentState(path string) tiered.State {
 // status prints the table; lastErr holds the running mount's last error
 // per partition, if it answered.
 func status(w io.Writer, root string, now time.Time, lastErr map[string]tiering.PartitionError) error {
-	sums, err := tiering.Summarize(root, segmentState)
+	sums, err := summarize(root)
 	if err != nil {
 		return err
 	}
