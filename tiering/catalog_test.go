@@ -1,8 +1,10 @@
 package tiering
 
 import (
+	"bytes"
 	"context"
 	"errors"
+	"log/slog"
 	"os"
 	"path/filepath"
 	"strings"
@@ -10,6 +12,7 @@ import (
 	"time"
 
 	"github.com/tierfs/tierfs/chunkxfer/store"
+	"github.com/tierfs/tierfs/idx/kafka/kafkatest"
 )
 
 // A record is read again only when the scan shows its file changed (its
@@ -132,5 +135,77 @@ func TestIdlePassReadsNothing(t *testing.T) {
 	}
 	if rep := tr.RunOnce(ctx); len(rep.Errors) > 0 || rep.Shipped != 0 || rep.Deleted != 0 {
 		t.Fatalf("idle pass: %+v", rep)
+	}
+}
+
+// A pass scans only the partitions that may have changed; a full scan
+// every RescanInterval finds a change made in place, and says so.
+func TestSettledPartitionsAreNotScanned(t *testing.T) {
+	root := filepath.Join(t.TempDir(), "kafka-logs")
+	if _, err := (kafkatest.LogDir{Topic: "orders", Partitions: 3, Segments: 4, Batches: 6, Records: 8, ValueSize: 300, Age: time.Hour}).Write(root); err != nil {
+		t.Fatal(err)
+	}
+	var logBuf bytes.Buffer
+	now := time.Now()
+	tr, err := New(Config{Root: root, StateDir: filepath.Join(root, ".tierfs"), Store: store.NewMem(nil), ChunkSize: 64 << 10,
+		RescanInterval: time.Hour, Now: func() time.Time { return now }, Log: slog.New(slog.NewTextHandler(&logBuf, nil))})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer tr.Close()
+	ctx := context.Background()
+	scans := func() int64 { return tr.Counters().PartitionScans.Load() }
+	pass := func(want Report) {
+		t.Helper()
+		rep := tr.RunOnce(ctx)
+		if len(rep.Errors) > 0 || rep.Shipped != want.Shipped || rep.Deleted != want.Deleted {
+			t.Fatalf("pass: %+v, want %d shipped, %d deleted", rep, want.Shipped, want.Deleted)
+		}
+	}
+	pass(Report{Shipped: 9})
+	if scans() != 3 {
+		t.Fatalf("first pass scanned %d partitions", scans())
+	}
+	now = now.Add(time.Second)
+	pass(Report{})
+	if scans() != 3 {
+		t.Fatalf("an idle pass scanned %d partitions", scans()-3)
+	}
+	// A roll in orders-0: that partition only is scanned. Its segment
+	// rolled now waits (not flushed, indexes not trimmed), so it is
+	// scanned at every pass until it ships.
+	p0 := filepath.Join(root, "orders-0")
+	os.WriteFile(filepath.Join(p0, "00000000000000009999.log"), nil, 0o644)
+	pass(Report{})
+	if scans() != 4 {
+		t.Fatalf("a pass after a roll scanned %d partitions, want 1", scans()-3)
+	}
+	pass(Report{})
+	if scans() != 5 {
+		t.Fatalf("a pass after a roll scanned %d partitions, want the one that waits", scans()-4)
+	}
+	// A rolled, shipped segment of orders-1 changed in place: no pass
+	// sees it until the full scan, which logs it and forgets the stale
+	// copy.
+	s1, _ := filepath.Glob(filepath.Join(root, "orders-1", "*.log"))
+	f, _ := os.OpenFile(s1[0], os.O_WRONLY|os.O_APPEND, 0)
+	f.Write([]byte("changed in place"))
+	f.Close()
+	before := scans()
+	pass(Report{})
+	if scans() != before+1 {
+		t.Fatalf("a pass scanned %d partitions for a change in place (want orders-0 only)", scans()-before)
+	}
+	before = scans()
+	now = now.Add(2 * time.Hour)
+	tr.RunOnce(ctx)
+	if scans() != before+3 {
+		t.Fatalf("the full scan scanned %d partitions", scans()-before)
+	}
+	if !strings.Contains(logBuf.String(), "a full scan found a change in place") || !strings.Contains(logBuf.String(), filepath.Base(s1[0])) {
+		t.Fatalf("the full scan did not say what it found:\n%s", logBuf.String())
+	}
+	if _, has, _ := readRecord(s1[0]); has {
+		t.Fatal("the stale copy of the changed segment is still recorded")
 	}
 }

@@ -138,18 +138,23 @@ func (dl *deleter) alive(rootFd int, s Shipment) (bool, error) {
 // followDeletions deletes the objects of every shipment whose file the
 // broker deleted (retention, the log cleaner, truncation, a deleted
 // topic), and the index entries that point at them.
-func (dl *deleter) followDeletions(ctx context.Context, live map[uint64]Segment) (int, []error) {
+//
+// live are the segments scanned this pass, by inode; a shipment of a
+// partition settled says is known alive (its directory did not change).
+// unsure are the partitions with a shipment whose file is alive but was
+// not among the segments scanned (renamed, or unlinked and still open):
+// they are looked at again next pass.
+func (dl *deleter) followDeletions(ctx context.Context, live map[uint64]Segment, settled func(partition string) bool) (deleted int, errs []error, unsure map[string]bool) {
 	ships, err := dl.t.shipments.all()
 	if err != nil {
-		return 0, []error{err}
+		return 0, []error{err}, nil
 	}
 	rootFd, err := unix.Open(dl.t.cfg.Root, unix.O_RDONLY|unix.O_DIRECTORY|unix.O_CLOEXEC, 0)
 	if err != nil {
-		return 0, []error{err}
+		return 0, []error{err}, nil
 	}
 	defer unix.Close(rootFd)
-	var errs []error
-	deleted := 0
+	unsure = map[string]bool{}
 	type at struct {
 		partition string
 		base      int64
@@ -158,6 +163,10 @@ func (dl *deleter) followDeletions(ctx context.Context, live map[uint64]Segment)
 	var gone []Shipment
 	for _, s := range ships {
 		if s.State != ShipmentDeleting {
+			if settled(s.Partition) {
+				lives[at{s.Partition, s.Base}]++
+				continue
+			}
 			if seg, ok := live[s.Ino]; ok && dl.recorded(seg, s) {
 				// Its file is a live segment that the scan just saw,
 				// and its record names this shipment: no need to look
@@ -175,6 +184,7 @@ func (dl *deleter) followDeletions(ctx context.Context, live map[uint64]Segment)
 			}
 			if ok {
 				lives[at{s.Partition, s.Base}]++
+				unsure[s.Partition] = true
 				continue
 			}
 		}
@@ -205,7 +215,7 @@ func (dl *deleter) followDeletions(ctx context.Context, live map[uint64]Segment)
 			errs = append(errs, err)
 		}
 	}
-	return deleted, errs
+	return deleted, errs, unsure
 }
 
 // deleteShipment deletes one gone shipment: marked deleting first, then

@@ -77,6 +77,10 @@ type Config struct {
 	StoreID string
 	Log     *slog.Logger
 	Now     func() time.Time
+	// RescanInterval is how often a pass scans every partition, changed
+	// or not (0: every pass). In between, a pass scans only the
+	// partitions that may have changed (see partScans).
+	RescanInterval time.Duration
 	// CrashAt, when set, is called at each crash point (a step between
 	// two writes that a crash there must not make unsafe); the tests of
 	// crash safety make it kill the process.
@@ -119,6 +123,7 @@ type Tierer struct {
 	handles   *handles
 	shipments *shipmentCatalog
 	records   *records
+	scans     *partScans
 	moves     *moves
 
 	// The parts of the work, each in its own file.
@@ -186,6 +191,9 @@ type Counters struct {
 	HydratedSegments, HydratedBytes [tiered.NumCauses]atomic.Int64
 	Moves                           [tiered.NumCauses]atomic.Int64
 	Errors                          atomic.Int64 // failed steps (each also a partition's last error or a pass's error)
+	// PartitionScans counts the partitions a pass listed and looked at
+	// again; a settled, unchanged partition is not (see partScans).
+	PartitionScans atomic.Int64
 	// IndexRaces counts appends to a partition's index in the store that
 	// another broker's append beat (each cost a retry of the append, not
 	// an upload). WastedSegments and WastedBytes count uploads another
@@ -237,6 +245,7 @@ func New(cfg Config) (*Tierer, error) {
 	t.moves = newMoves(t)
 	t.shipments = newShipmentCatalog(func() string { return t.cfg.StateDir })
 	t.records = newRecords(cfg.Now)
+	t.scans = newPartScans(cfg.Log)
 	t.shipper, t.share, t.deleter, t.evictor = &shipper{t}, &storeIndex{t}, &deleter{t}, &evictor{t}
 	t.copies, t.mirror, t.hydrator = &copies{t}, &mirror{t}, &hydrator{t}
 	t.indexes = newPartIndexes(func() string { return t.cfg.StateDir }, cfg.Log)
@@ -312,21 +321,28 @@ func (t *Tierer) RunOnce(ctx context.Context) Report {
 	// The uploads of a pass share their part buffers; between passes
 	// they are not held (memory outside the chunk budget).
 	defer t.up.DropBuffers()
-	parts, err := Scan(t.cfg.Root)
+	now := t.cfg.Now()
+	full := t.scans.fullDue(now, t.cfg.RescanInterval)
+	parts, scanned, err := t.scans.scan(t.cfg.Root, full, now)
 	if err != nil {
 		rep.Errors = append(rep.Errors, err)
 		return rep
 	}
+	t.counters.PartitionScans.Add(int64(len(scanned)))
 	live := make(map[string]bool, len(parts))
-	segs := map[uint64]Segment{} // by inode: the live segments
+	segs := map[uint64]Segment{} // by inode: the segments scanned now
 	for _, p := range parts {
 		live[p.Name] = true
-		for _, seg := range p.Segments {
-			segs[seg.Ino] = seg
+		if scanned[p.Name] {
+			for _, seg := range p.Segments {
+				segs[seg.Ino] = seg
+			}
 		}
 	}
 	t.roles.forget(live)
-	t.records.keep(segs)
+	if full {
+		t.records.keep(segs)
+	}
 	cp, err := ReadCheckpoints(t.cfg.Root)
 	if err != nil {
 		rep.Errors = append(rep.Errors, err)
@@ -334,8 +350,11 @@ func (t *Tierer) RunOnce(ctx context.Context) Report {
 	}
 	// Deletions first: the copies of segments the broker deleted go, and
 	// their index entries with them, before anything new takes their place.
-	rep.Deleted, rep.Errors = t.deleter.followDeletions(ctx, segs)
-	now := t.cfg.Now()
+	// A settled partition that was not scanned changed no name: its
+	// shipments' files are where they were.
+	settledNow := func(partition string) bool { return live[partition] && !scanned[partition] }
+	var unsure map[string]bool
+	rep.Deleted, rep.Errors, unsure = t.deleter.followDeletions(ctx, segs, settledNow)
 	var mu sync.Mutex
 	sem := make(chan struct{}, t.cfg.Concurrency)
 	var wg sync.WaitGroup
@@ -343,11 +362,15 @@ func (t *Tierer) RunOnce(ctx context.Context) Report {
 	// offset order, stopping at the first that cannot ship, because the
 	// partition's index takes entries in offset order only.
 	for _, p := range parts {
+		if !scanned[p.Name] {
+			continue // settled, and unchanged
+		}
 		wg.Add(1)
 		sem <- struct{}{}
 		go func() {
 			defer func() { <-sem; wg.Done() }()
 			r := t.shipper.shipPartition(ctx, p, cp, now)
+			t.scans.settle(p.Name, settledPassOf(r) && !unsure[p.Name] && !t.roles.follows(p.Name), t.retentionDue(p))
 			mu.Lock()
 			defer mu.Unlock()
 			rep.Shipped += r.Shipped
@@ -363,6 +386,21 @@ func (t *Tierer) RunOnce(ctx context.Context) Report {
 	rep.Evicted += n
 	rep.Errors = append(rep.Errors, errs...)
 	return rep
+}
+
+// retentionDue is when a local retention age falls due in partition p:
+// the oldest shipped segment still local passes the age then (zero:
+// never, or no age limit).
+func (t *Tierer) retentionDue(p Partition) time.Time {
+	if t.cfg.LocalRetentionAge <= 0 {
+		return time.Time{}
+	}
+	for _, seg := range p.Segments {
+		if rec, has, err := t.records.of(seg); err == nil && has && rec.State == StateShipped {
+			return seg.Mtime.Add(t.cfg.LocalRetentionAge)
+		}
+	}
+	return time.Time{}
 }
 
 // Run calls RunOnce every interval until ctx ends, logging what it did.

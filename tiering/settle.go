@@ -1,0 +1,179 @@
+package tiering
+
+import (
+	"log/slog"
+	"os"
+	"path/filepath"
+	"sync"
+	"syscall"
+	"time"
+
+	"github.com/tierfs/tierfs/idx/kafka"
+)
+
+// partScans remember what the last scan of each partition found, so
+// that a pass scans again only a partition that may have changed: its
+// directory changed (a segment created, renamed or removed: Kafka rolls,
+// deletes and truncates segments by name), or it was not settled (a
+// segment waited for something other than being the active one, a step
+// failed, a shipment's file was only found by handle, or it is
+// followed), or a retention age falls due. A settled partition costs a
+// stat of its directory and of its active segment per pass, not a stat
+// and a record per segment. Every Config.RescanInterval a pass scans
+// every partition whatever it knows (the safety net for a change made
+// in place, which no directory shows), and logs what it finds that the
+// passes had not seen.
+type partScans struct {
+	log *slog.Logger
+
+	mu       sync.Mutex
+	byName   map[string]*partScan // GUARDED_BY(mu)
+	lastFull time.Time            // GUARDED_BY(mu)
+}
+
+type partScan struct {
+	dir     dirStamp
+	p       Partition // as scanned (the active segment's size kept current)
+	settled bool
+	due     time.Time // scan again by then (zero: no deadline)
+}
+
+// dirStamp identifies a directory's contents: any entry created,
+// removed or renamed moves its mtime and ctime.
+type dirStamp struct {
+	ino          uint64
+	mtime, ctime int64
+}
+
+func stampOf(dir string) (dirStamp, error) {
+	var st syscall.Stat_t
+	if err := syscall.Stat(dir, &st); err != nil {
+		return dirStamp{}, err
+	}
+	return dirStamp{ino: st.Ino, mtime: st.Mtim.Nano(), ctime: st.Ctim.Nano()}, nil
+}
+
+func newPartScans(log *slog.Logger) *partScans {
+	return &partScans{log: log, byName: map[string]*partScan{}}
+}
+
+// fullDue says whether this pass scans every partition, and if so
+// starts the interval again.
+func (ps *partScans) fullDue(now time.Time, every time.Duration) bool {
+	ps.mu.Lock()
+	defer ps.mu.Unlock()
+	if every > 0 && !ps.lastFull.IsZero() && now.Sub(ps.lastFull) < every {
+		return false
+	}
+	ps.lastFull = now
+	return true
+}
+
+// scan is the live partitions under root, each scanned again or, when
+// settled and unchanged (and full is false), as last scanned; scanned
+// says which were scanned.
+func (ps *partScans) scan(root string, full bool, now time.Time) (parts []Partition, scanned map[string]bool, err error) {
+	des, err := os.ReadDir(root)
+	if err != nil {
+		return nil, nil, err
+	}
+	ps.mu.Lock()
+	defer ps.mu.Unlock()
+	scanned = map[string]bool{}
+	seen := map[string]bool{}
+	for _, de := range des {
+		if !de.IsDir() {
+			continue
+		}
+		pd, ok := kafka.ParsePartitionDir(de.Name())
+		if !ok || pd.State != kafka.DirLive || pd.Topic == "__cluster_metadata" {
+			continue
+		}
+		name := de.Name()
+		stamp, err := stampOf(filepath.Join(root, name))
+		if err != nil {
+			continue // removed meanwhile
+		}
+		seen[name] = true
+		old := ps.byName[name]
+		if !full && old != nil && old.settled && old.dir == stamp && (old.due.IsZero() || now.Before(old.due)) {
+			refreshActive(&old.p)
+			parts = append(parts, old.p)
+			continue
+		}
+		p, err := scanPartition(root, name, pd)
+		if err != nil {
+			continue
+		}
+		if full && old != nil && old.settled && old.dir == stamp {
+			if what := changedInPlace(old.p, p); what != "" {
+				ps.log.Info("a full scan found a change in place that the passes had not seen", "partition", name, "segment", what)
+			}
+		}
+		ps.byName[name] = &partScan{dir: stamp, p: p}
+		parts = append(parts, p)
+		scanned[name] = true
+	}
+	for name := range ps.byName {
+		if !seen[name] {
+			delete(ps.byName, name)
+		}
+	}
+	return parts, scanned, nil
+}
+
+// refreshActive brings the active segment's size and mtime up to date
+// (it grows without changing its directory).
+func refreshActive(p *Partition) {
+	if len(p.Segments) == 0 {
+		return
+	}
+	last := &p.Segments[len(p.Segments)-1]
+	var st syscall.Stat_t
+	if syscall.Stat(last.Path, &st) == nil && st.Ino == last.Ino {
+		last.Size, last.Mtime, last.Ctime, last.Alloc = st.Size, time.Unix(0, st.Mtim.Nano()), st.Ctim.Nano(), st.Blocks*512
+	}
+}
+
+// changedInPlace names a rolled segment that differs between two scans
+// of an unchanged directory ("" if none does).
+func changedInPlace(old, now Partition) string {
+	if len(old.Segments) != len(now.Segments) {
+		return "(the segment list)"
+	}
+	for i, a := range old.Segments {
+		b := now.Segments[i]
+		if i == len(old.Segments)-1 {
+			break // the active segment grows
+		}
+		if a.Ino != b.Ino || a.Size != b.Size || !a.Mtime.Equal(b.Mtime) {
+			return filepath.Base(b.Path)
+		}
+	}
+	return ""
+}
+
+// settle records what a pass over a scanned partition found: settled,
+// and when it falls due.
+func (ps *partScans) settle(name string, settled bool, due time.Time) {
+	ps.mu.Lock()
+	defer ps.mu.Unlock()
+	if s := ps.byName[name]; s != nil {
+		s.settled, s.due = settled, due
+	}
+}
+
+// settledPassOf says whether a pass's report over one partition leaves
+// it settled: nothing waited but the active segment, nothing failed or
+// was recovered.
+func settledPassOf(r Report) bool {
+	if len(r.Errors) > 0 || r.Recovered > 0 {
+		return false
+	}
+	for why := range r.Waiting {
+		if why != "active segment" {
+			return false
+		}
+	}
+	return true
+}
