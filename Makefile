@@ -3,7 +3,7 @@ GO      ?= go
 BIN     := bin/tierfs
 VERSION ?= $(shell git describe --always --dirty 2>/dev/null || echo dev)
 
-.PHONY: build install test fuzz e2e bench bench-local bench-scan bench-xfer bench-tier bench-kafka bench-cm bench-peer lint demo deps clean
+.PHONY: build install test fuzz e2e bench bench-local bench-scan bench-scale bench-xfer bench-tier bench-kafka bench-cm bench-peer lint demo deps clean
 
 build:
 	$(GO) build -ldflags "-X main.version=$(VERSION)" -o $(BIN) ./cmd/tierfs
@@ -63,6 +63,11 @@ bench-peer: build
 	$(GO) run ./bench/peer -tierfs $(BIN) -size $(or $(SIZE),2GiB) -runs 3
 
 # Segment scan speed (headers, CRC32C, chunker) next to cat, 1 GiB from page cache.
+# Many partitions of tiny segments (issue 23's targets), into BENCHMARKS.md
+# beside the others' last results (QUICK=1: 2,000 segments).
+bench-scale:
+	ONLY=scale QUICK=$(QUICK) scripts/bench
+
 bench-scan:
 	$(GO) run ./bench/segscan -size $(or $(SIZE),1GiB) -runs 5
 

@@ -1,0 +1,236 @@
+// Command scale measures what tierfs costs at the size of a broker that
+// keeps months of segments: many partitions of many tiny segments,
+// shipped to a directory store. It mounts the log dir afresh, ships
+// everything, and then measures what must not grow with what is stored:
+// the CPU of idle passes, memory, tierfs status, the state kept per
+// segment, and a clean restart.
+//
+//	go run ./bench/scale -tierfs bin/tierfs -partitions 2000 -segments 50
+package main
+
+import (
+	"flag"
+	"fmt"
+	"io/fs"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"sort"
+	"strconv"
+	"strings"
+	"syscall"
+	"time"
+
+	"github.com/tierfs/tierfs/bench/internal/benchutil"
+	"github.com/tierfs/tierfs/idx/kafka/kafkatest"
+	"github.com/tierfs/tierfs/internal/procmem"
+)
+
+type config struct {
+	bin                  string
+	partitions, segments int
+	idle                 time.Duration
+	work                 string
+}
+
+func main() {
+	var c config
+	flag.StringVar(&c.bin, "tierfs", "bin/tierfs", "the tierfs binary")
+	flag.IntVar(&c.partitions, "partitions", 2000, "partitions")
+	flag.IntVar(&c.segments, "segments", 50, "rolled segments per partition (about 4 KiB each; one active segment more)")
+	flag.DurationVar(&c.idle, "idle", 60*time.Second, "how long idle CPU is measured, at each tier interval")
+	flag.StringVar(&c.work, "work", "", "work directory (default: a new one under /var/tmp, removed after)")
+	flag.Parse()
+	if err := run(c); err != nil {
+		fmt.Fprintln(os.Stderr, "bench-scale:", err)
+		os.Exit(1)
+	}
+}
+
+// result is one measurement, with its target where the issue set one.
+type result struct {
+	what, value, target string
+	met                 string // "yes", "no" or ""
+}
+
+func run(c config) error {
+	work := c.work
+	if work == "" {
+		var err error
+		if work, err = os.MkdirTemp("/var/tmp", "tierfs-scale-"); err != nil {
+			return err
+		}
+		defer os.RemoveAll(work)
+	}
+	backing, store, mnt := filepath.Join(work, "backing"), filepath.Join(work, "store"), filepath.Join(work, "mnt")
+	for _, d := range []string{backing, store, mnt} {
+		if err := os.MkdirAll(d, 0o755); err != nil {
+			return err
+		}
+	}
+	total := c.partitions * c.segments
+	fmt.Fprintf(os.Stderr, "writing %d partitions of %d rolled segments...\n", c.partitions, c.segments)
+	// One batch of 8 records of 450 bytes: a 4 KiB segment.
+	ld := kafkatest.LogDir{Topic: "scale", Partitions: c.partitions, Segments: c.segments + 1, Batches: 1, Records: 8, ValueSize: 450, Age: time.Hour, Repeat: true}
+	if _, err := ld.Write(backing); err != nil {
+		return err
+	}
+	segSize := fileSize(filepath.Join(backing, "scale-0", "00000000000000000000.log"))
+	addr, err := benchutil.FreeAddr()
+	if err != nil {
+		return err
+	}
+	mount := func(interval string, log string) (func(), int, time.Duration, error) {
+		t0 := time.Now()
+		unmount, pid, err := benchutil.MountProc(c.bin, filepath.Join(work, log), nil,
+			"--backing", backing, "--remote", "file://"+store, "--ship-after", "0s", "--tier-interval", interval, "--metrics-listen", addr, mnt)
+		return unmount, pid, time.Since(t0), err
+	}
+	var rs []result
+	add := func(what, value, target string, met bool) {
+		m := ""
+		if target != "" {
+			m = map[bool]string{true: "yes", false: "no"}[met]
+		}
+		rs = append(rs, result{what, value, target, m})
+	}
+
+	// A first mount ships every segment.
+	unmount, pid, took, err := mount("2s", "mount-1.log")
+	if err != nil {
+		return err
+	}
+	add("mount, empty store (start to mounted)", took.Round(time.Millisecond).String(), "", false)
+	t0 := time.Now()
+	var shipped float64
+	err = benchutil.WaitFor(func() bool {
+		shipped, _ = benchutil.Metric(addr, "tierfs_remote_copy_segments_total")
+		return int(shipped) >= total
+	}, 3*time.Hour, "every segment shipped")
+	if err != nil {
+		unmount()
+		return fmt.Errorf("%w (%d of %d shipped)", err, int(shipped), total)
+	}
+	shipTook := time.Since(t0)
+	rate := float64(total) / shipTook.Seconds()
+	add(fmt.Sprintf("ship %d segments of %s", total, size(segSize)), fmt.Sprintf("%s (%.0f segments/s)", shipTook.Round(time.Second), rate), "≥ 500 segments/s", rate >= 500)
+	time.Sleep(5 * time.Second) // the pass that shipped the last ones ends
+	cpu2, err := idleCPU(pid, c.idle)
+	if err != nil {
+		unmount()
+		return err
+	}
+	add("idle CPU, --tier-interval 2s", fmt.Sprintf("%.2f%% of a core", 100*cpu2), "≤ 2%", cpu2 <= 0.02)
+	rss := rssOf(pid)
+	add("RSS of tierfs, idle", size(rss), "≤ 200 MiB", rss <= 200<<20)
+	st := statusTime(c.bin, mnt)
+	add("tierfs status (median of 3)", st.Round(time.Millisecond).String(), "≤ 1s", st <= time.Second)
+	state := dirBytes(filepath.Join(backing, ".tierfs"))
+	per := state / int64(total)
+	add("local state per shipped segment (.tierfs, allocated)", size(per), "≤ 2 KiB", per <= 2<<10)
+	t1 := time.Now()
+	unmount()
+	add("clean unmount", time.Since(t1).Round(time.Millisecond).String(), "", false)
+
+	// A clean restart over everything shipped, then idle at 30 s.
+	unmount, pid, took, err = mount("30s", "mount-2.log")
+	if err != nil {
+		return err
+	}
+	add("mount again, all shipped (start to mounted)", took.Round(time.Millisecond).String(), "", false)
+	cpuFirst, _ := idleCPU(pid, 30*time.Second) // the first pass reads what it does not know yet
+	add("CPU of the first 30 s after the restart", fmt.Sprintf("%.2f%% of a core", 100*cpuFirst), "", false)
+	cpu30, err := idleCPU(pid, max(c.idle, 60*time.Second))
+	unmount()
+	if err != nil {
+		return err
+	}
+	add("idle CPU, --tier-interval 30s", fmt.Sprintf("%.2f%% of a core", 100*cpu30), "≤ 1%", cpu30 <= 0.01)
+
+	r := benchutil.Report{
+		Name:  "scale",
+		Title: "At scale: many partitions of many segments",
+		Notes: []string{fmt.Sprintf("%d partitions of %d rolled segments of %s each (%d segments; every partition a copy of the first, as written by idx/kafka/kafkatest) and one active segment, shipped by one mount (`--ship-after 0s`, `--tier-interval 2s`) to a directory store on the same disk; then the mount is stopped cleanly and mounted again with `--tier-interval 30s`. One run. Idle CPU is the mount's user+system time divided by the time, over %s after everything shipped (2 s interval) and over %s after the first 30 s of the second mount (30 s interval). The targets are issue 23's; %s.",
+			c.partitions, c.segments, size(segSize), total, c.idle, max(c.idle, 60*time.Second), benchutil.Machine())},
+		Header: []string{"measurement", "value", "target", "met"},
+	}
+	for _, x := range rs {
+		r.Rows = append(r.Rows, []string{x.what, x.value, x.target, x.met})
+	}
+	r.After = []string{"Not measured yet: the same on versitygw, a follower's pass, and a Kafka broker's start-up with these segments on the mount."}
+	return r.Emit()
+}
+
+// idleCPU is the share of a core process pid used over d.
+func idleCPU(pid int, d time.Duration) (float64, error) {
+	a, err := procmem.CPUSeconds(pid)
+	if err != nil {
+		return 0, err
+	}
+	time.Sleep(d)
+	b, err := procmem.CPUSeconds(pid)
+	if err != nil {
+		return 0, err
+	}
+	return (b - a) / d.Seconds(), nil
+}
+
+func rssOf(pid int) int64 {
+	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/status", pid))
+	if err != nil {
+		return 0
+	}
+	for _, l := range strings.Split(string(b), "\n") {
+		if v, ok := strings.CutPrefix(l, "VmRSS:"); ok {
+			kb, _ := strconv.ParseInt(strings.Fields(v)[0], 10, 64)
+			return kb << 10
+		}
+	}
+	return 0
+}
+
+func statusTime(bin, mnt string) time.Duration {
+	var ds []float64
+	for range 3 {
+		t0 := time.Now()
+		exec.Command(bin, "status", mnt).Run()
+		ds = append(ds, float64(time.Since(t0)))
+	}
+	sort.Float64s(ds)
+	return time.Duration(ds[1])
+}
+
+// dirBytes is the disk space the files under dir take.
+func dirBytes(dir string) int64 {
+	var n int64
+	filepath.WalkDir(dir, func(p string, d fs.DirEntry, err error) error {
+		if err != nil {
+			return nil
+		}
+		if fi, err := d.Info(); err == nil {
+			if st, ok := fi.Sys().(*syscall.Stat_t); ok {
+				n += st.Blocks * 512
+			}
+		}
+		return nil
+	})
+	return n
+}
+
+func fileSize(p string) int64 {
+	fi, err := os.Stat(p)
+	if err != nil {
+		return 0
+	}
+	return fi.Size()
+}
+
+func size(n int64) string {
+	switch {
+	case n >= 1<<20:
+		return fmt.Sprintf("%.1f MiB", float64(n)/(1<<20))
+	case n >= 1<<10:
+		return fmt.Sprintf("%.1f KiB", float64(n)/(1<<10))
+	}
+	return fmt.Sprintf("%d B", n)
+}
