@@ -189,3 +189,18 @@ func (ev *evictor) finishEvict(seg Segment, rec Record) (bool, error) {
 	rec.Freed = true
 	return true, writeRecord(seg.Path, rec)
 }
+
+// retentionDue is when a local retention age falls due in partition p:
+// the oldest shipped segment still local passes the age then (zero:
+// never, or no age limit).
+func (ev *evictor) retentionDue(p Partition) time.Time {
+	if ev.t.cfg.LocalRetentionAge <= 0 {
+		return time.Time{}
+	}
+	for _, seg := range p.Segments {
+		if rec, has, err := ev.t.records.of(seg); err == nil && has && rec.State == StateShipped {
+			return seg.Mtime.Add(ev.t.cfg.LocalRetentionAge)
+		}
+	}
+	return time.Time{}
+}

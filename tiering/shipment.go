@@ -145,7 +145,9 @@ func (dl *deleter) alive(rootFd int, s Shipment) (bool, error) {
 // not among the segments scanned (renamed, or unlinked and still open):
 // they are looked at again next pass.
 func (dl *deleter) followDeletions(ctx context.Context, live map[uint64]Segment, settled func(partition string) bool) (deleted int, errs []error, unsure map[string]bool) {
-	ships, err := dl.t.shipments.all()
+	// A settled partition's shipments are all alive (its directory did
+	// not change, and the pass that settled it had none to delete).
+	ships, err := dl.t.shipments.except(settled)
 	if err != nil {
 		return 0, []error{err}, nil
 	}
@@ -163,10 +165,6 @@ func (dl *deleter) followDeletions(ctx context.Context, live map[uint64]Segment,
 	var gone []Shipment
 	for _, s := range ships {
 		if s.State != ShipmentDeleting {
-			if settled(s.Partition) {
-				lives[at{s.Partition, s.Base}]++
-				continue
-			}
 			if seg, ok := live[s.Ino]; ok && dl.recorded(seg, s) {
 				// Its file is a live segment that the scan just saw,
 				// and its record names this shipment: no need to look
@@ -193,11 +191,13 @@ func (dl *deleter) followDeletions(ctx context.Context, live map[uint64]Segment,
 	touched := map[string]bool{}
 	for _, s := range gone {
 		if !dl.t.claims.take(objectClaim(s.Key)) {
+			unsure[s.Partition] = true
 			continue
 		}
 		err := dl.deleteShipment(ctx, s, lives[at{s.Partition, s.Base}] > 0)
 		dl.t.claims.release(objectClaim(s.Key))
 		if errors.Is(err, errReferenced) || errors.Is(err, ErrIndexMoved) {
+			unsure[s.Partition] = true // tried again next pass
 			// Kept for now (another broker reads from it, or kept
 			// changing the index); tried again every pass.
 			dl.t.cfg.Log.Debug("remote copy of a deleted segment kept for now", "key", s.Key, "err", err)
@@ -205,6 +205,7 @@ func (dl *deleter) followDeletions(ctx context.Context, live map[uint64]Segment,
 		}
 		if err != nil {
 			errs = append(errs, dl.t.status.noteErr(s.Partition, fmt.Errorf("delete remote copy %s: %w", s.Key, err)))
+			unsure[s.Partition] = true
 			continue
 		}
 		touched[s.Partition] = true

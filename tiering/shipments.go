@@ -160,6 +160,28 @@ func (c *shipmentCatalog) all() ([]Shipment, error) {
 	return out, nil
 }
 
+// except are the shipments of every partition but those skip names,
+// by partition and base offset: a pass leaves out the settled ones
+// without copying them.
+func (c *shipmentCatalog) except(skip func(partition string) bool) ([]Shipment, error) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if err := c.loadLocked(); err != nil {
+		return nil, err
+	}
+	var out []Shipment
+	for part, ss := range c.byPart {
+		if skip(part) {
+			continue
+		}
+		for _, s := range ss {
+			out = append(out, s)
+		}
+	}
+	sortShipments(out)
+	return out, nil
+}
+
 // count is the number of shipments (0 before the first use).
 func (c *shipmentCatalog) count() int {
 	c.mu.Lock()

@@ -370,7 +370,7 @@ func (t *Tierer) RunOnce(ctx context.Context) Report {
 		go func() {
 			defer func() { <-sem; wg.Done() }()
 			r := t.shipper.shipPartition(ctx, p, cp, now)
-			t.scans.settle(p.Name, settledPassOf(r) && !unsure[p.Name] && !t.roles.follows(p.Name), t.retentionDue(p))
+			t.scans.settle(p.Name, settledPassOf(r) && !unsure[p.Name] && !t.roles.follows(p.Name), t.evictor.retentionDue(p))
 			mu.Lock()
 			defer mu.Unlock()
 			rep.Shipped += r.Shipped
@@ -386,21 +386,6 @@ func (t *Tierer) RunOnce(ctx context.Context) Report {
 	rep.Evicted += n
 	rep.Errors = append(rep.Errors, errs...)
 	return rep
-}
-
-// retentionDue is when a local retention age falls due in partition p:
-// the oldest shipped segment still local passes the age then (zero:
-// never, or no age limit).
-func (t *Tierer) retentionDue(p Partition) time.Time {
-	if t.cfg.LocalRetentionAge <= 0 {
-		return time.Time{}
-	}
-	for _, seg := range p.Segments {
-		if rec, has, err := t.records.of(seg); err == nil && has && rec.State == StateShipped {
-			return seg.Mtime.Add(t.cfg.LocalRetentionAge)
-		}
-	}
-	return time.Time{}
 }
 
 // Run calls RunOnce every interval until ctx ends, logging what it did.
