@@ -8,6 +8,7 @@ import (
 	"os"
 	"path/filepath"
 	"strings"
+	"syscall"
 	"testing"
 	"time"
 
@@ -207,5 +208,47 @@ func TestSettledPartitionsAreNotScanned(t *testing.T) {
 	}
 	if _, has, _ := readRecord(s1[0]); has {
 		t.Fatal("the stale copy of the changed segment is still recorded")
+	}
+}
+
+// A write to a rolled segment through an open tiered file, and a change
+// the tierer makes, unsettle its partition at once: the next pass looks
+// at it (and ships the changed segment again).
+func TestTouchUnsettles(t *testing.T) {
+	root := filepath.Join(t.TempDir(), "kafka-logs")
+	if _, err := (kafkatest.LogDir{Topic: "orders", Partitions: 2, Segments: 3, Batches: 6, Records: 8, ValueSize: 300, Age: time.Hour}).Write(root); err != nil {
+		t.Fatal(err)
+	}
+	tr, err := New(Config{Root: root, StateDir: filepath.Join(root, ".tierfs"), Store: store.NewMem(nil), ChunkSize: 64 << 10, RescanInterval: time.Hour})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer tr.Close()
+	ctx := context.Background()
+	tr.RunOnce(ctx)
+	tr.RunOnce(ctx)
+	before := tr.Counters().PartitionScans.Load()
+	segs, _ := filepath.Glob(filepath.Join(root, "orders-1", "*.log"))
+	fd, err := os.OpenFile(segs[0], os.O_RDWR, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer fd.Close()
+	var st syscall.Stat_t
+	syscall.Fstat(int(fd.Fd()), &st)
+	f, err := tr.Open(st.Ino, "orders-1/"+filepath.Base(segs[0]), int(fd.Fd()), 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer f.Close()
+	if _, err := f.WriteAt([]byte("x"), 0, func() (int, error) { return fd.WriteAt([]byte("x"), 0) }); err != nil {
+		t.Fatal(err)
+	}
+	tr.RunOnce(ctx)
+	if n := tr.Counters().PartitionScans.Load() - before; n != 1 {
+		t.Fatalf("the pass after a write scanned %d partitions, want orders-1", n)
+	}
+	if _, has, _ := readRecord(segs[0]); has {
+		t.Fatal("the changed segment's stale copy is still recorded")
 	}
 }

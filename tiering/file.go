@@ -300,6 +300,9 @@ func (f *openFile) WriteAt(p []byte, off int64, local func() (int, error)) (int,
 				return 0, err
 			}
 			if ran {
+				if werr == nil && n > 0 {
+					f.t.scans.touch(f.ino)
+				}
 				return n, werr
 			}
 			continue
@@ -338,6 +341,9 @@ func (f *openFile) Truncate(size int64, local func() error) error {
 				return err
 			}
 			if ran {
+				if terr == nil {
+					f.t.scans.touch(f.ino)
+				}
 				return terr
 			}
 			continue

@@ -5,6 +5,7 @@ import (
 	"os"
 	"path/filepath"
 	"sync"
+	"sync/atomic"
 	"syscall"
 	"time"
 
@@ -26,16 +27,19 @@ import (
 type partScans struct {
 	log *slog.Logger
 
-	mu       sync.Mutex
+	mu       sync.RWMutex
 	byName   map[string]*partScan // GUARDED_BY(mu)
+	byIno    map[uint64]*partScan // the partition of each segment scanned; GUARDED_BY(mu)
 	lastFull time.Time            // GUARDED_BY(mu)
 }
 
 type partScan struct {
 	dir     dirStamp
-	p       Partition // as scanned (the active segment's size kept current)
-	settled bool
-	due     time.Time // scan again by then (zero: no deadline)
+	active  uint64      // the active segment's inode when scanned
+	p       Partition   // as scanned (the active segment's size kept current)
+	settled atomic.Bool // cleared by touch, at any time
+	touched atomic.Bool // a touch since the scan: the pass cannot settle it
+	due     time.Time   // scan again by then (zero: no deadline)
 }
 
 // dirStamp identifies a directory's contents: any entry created,
@@ -54,7 +58,7 @@ func stampOf(dir string) (dirStamp, error) {
 }
 
 func newPartScans(log *slog.Logger) *partScans {
-	return &partScans{log: log, byName: map[string]*partScan{}}
+	return &partScans{log: log, byName: map[string]*partScan{}, byIno: map[uint64]*partScan{}}
 }
 
 // fullDue says whether this pass scans every partition, and if so
@@ -96,7 +100,7 @@ func (ps *partScans) scan(root string, full bool, now time.Time) (parts []Partit
 		}
 		seen[name] = true
 		old := ps.byName[name]
-		if !full && old != nil && old.settled && old.dir == stamp && (old.due.IsZero() || now.Before(old.due)) {
+		if !full && old != nil && old.settled.Load() && old.dir == stamp && (old.due.IsZero() || now.Before(old.due)) {
 			refreshActive(&old.p)
 			parts = append(parts, old.p)
 			continue
@@ -105,17 +109,32 @@ func (ps *partScans) scan(root string, full bool, now time.Time) (parts []Partit
 		if err != nil {
 			continue
 		}
-		if full && old != nil && old.settled && old.dir == stamp {
+		if full && old != nil && old.settled.Load() && old.dir == stamp {
 			if what := changedInPlace(old.p, p); what != "" {
 				ps.log.Info("a full scan found a change in place that the passes had not seen", "partition", name, "segment", what)
 			}
 		}
-		ps.byName[name] = &partScan{dir: stamp, p: p}
+		if old != nil {
+			for _, seg := range old.p.Segments {
+				delete(ps.byIno, seg.Ino)
+			}
+		}
+		ns := &partScan{dir: stamp, p: p}
+		if n := len(p.Segments); n > 0 {
+			ns.active = p.Segments[n-1].Ino
+		}
+		for _, seg := range p.Segments {
+			ps.byIno[seg.Ino] = ns
+		}
+		ps.byName[name] = ns
 		parts = append(parts, p)
 		scanned[name] = true
 	}
-	for name := range ps.byName {
+	for name, old := range ps.byName {
 		if !seen[name] {
+			for _, seg := range old.p.Segments {
+				delete(ps.byIno, seg.Ino)
+			}
 			delete(ps.byName, name)
 		}
 	}
@@ -159,8 +178,27 @@ func (ps *partScans) settle(name string, settled bool, due time.Time) {
 	ps.mu.Lock()
 	defer ps.mu.Unlock()
 	if s := ps.byName[name]; s != nil {
-		s.settled, s.due = settled, due
+		s.settled.Store(settled && !s.touched.Load())
+		s.due = due
 	}
+}
+
+// touch unsettles the partition of segment inode ino (it was written or
+// truncated through the mount, or the tierer changed its state): the
+// next pass looks at it. The active segment's writes do not count (its
+// size is looked at anyway). Cheap enough for every write.
+func (ps *partScans) touch(ino uint64) {
+	ps.mu.RLock()
+	s := ps.byIno[ino]
+	ps.mu.RUnlock()
+	if s == nil {
+		return
+	}
+	if s.active == ino {
+		return
+	}
+	s.touched.Store(true)
+	s.settled.Store(false)
 }
 
 // settledPassOf says whether a pass's report over one partition leaves
