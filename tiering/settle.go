@@ -35,11 +35,11 @@ type partScans struct {
 
 type partScan struct {
 	dir     dirStamp
-	active  uint64      // the active segment's inode when scanned
-	p       Partition   // as scanned (the active segment's size kept current)
-	settled atomic.Bool // cleared by touch, at any time
-	touched atomic.Bool // a touch since the scan: the pass cannot settle it
-	due     time.Time   // scan again by then (zero: no deadline)
+	active  uint64       // the active segment's inode when scanned
+	p       Partition    // as scanned (the active segment's size kept current)
+	settled atomic.Bool  // cleared by touch, at any time
+	touched atomic.Bool  // a touch since the scan: the pass cannot settle it
+	due     atomic.Int64 // scan again by then (unix ns; 0: no deadline)
 }
 
 // dirStamp identifies a directory's contents: any entry created,
@@ -81,10 +81,17 @@ func (ps *partScans) scan(root string, full bool, now time.Time) (parts []Partit
 	if err != nil {
 		return nil, nil, err
 	}
-	ps.mu.Lock()
-	defer ps.mu.Unlock()
+	// The directories are read without the lock: touch, on the write
+	// path, never waits for a scan.
+	ps.mu.RLock()
+	olds := make(map[string]*partScan, len(ps.byName))
+	for name, s := range ps.byName {
+		olds[name] = s
+	}
+	ps.mu.RUnlock()
 	scanned = map[string]bool{}
 	seen := map[string]bool{}
+	fresh := map[string]*partScan{}
 	for _, de := range des {
 		if !de.IsDir() {
 			continue
@@ -99,8 +106,8 @@ func (ps *partScans) scan(root string, full bool, now time.Time) (parts []Partit
 			continue // removed meanwhile
 		}
 		seen[name] = true
-		old := ps.byName[name]
-		if !full && old != nil && old.settled.Load() && old.dir == stamp && (old.due.IsZero() || now.Before(old.due)) {
+		old := olds[name]
+		if !full && old != nil && old.settled.Load() && old.dir == stamp && (old.due.Load() == 0 || now.UnixNano() < old.due.Load()) {
 			refreshActive(&old.p)
 			parts = append(parts, old.p)
 			continue
@@ -114,27 +121,35 @@ func (ps *partScans) scan(root string, full bool, now time.Time) (parts []Partit
 				ps.log.Info("a full scan found a change in place that the passes had not seen", "partition", name, "segment", what)
 			}
 		}
-		if old != nil {
-			for _, seg := range old.p.Segments {
-				delete(ps.byIno, seg.Ino)
-			}
-		}
 		ns := &partScan{dir: stamp, p: p}
 		if n := len(p.Segments); n > 0 {
 			ns.active = p.Segments[n-1].Ino
 		}
-		for _, seg := range p.Segments {
-			ps.byIno[seg.Ino] = ns
-		}
-		ps.byName[name] = ns
+		fresh[name] = ns
 		parts = append(parts, p)
 		scanned[name] = true
 	}
-	for name, old := range ps.byName {
-		if !seen[name] {
-			for _, seg := range old.p.Segments {
+	ps.mu.Lock()
+	defer ps.mu.Unlock()
+	drop := func(s *partScan) {
+		for _, seg := range s.p.Segments {
+			if ps.byIno[seg.Ino] == s {
 				delete(ps.byIno, seg.Ino)
 			}
+		}
+	}
+	for name, ns := range fresh {
+		if old := ps.byName[name]; old != nil {
+			drop(old)
+		}
+		for _, seg := range ns.p.Segments {
+			ps.byIno[seg.Ino] = ns
+		}
+		ps.byName[name] = ns
+	}
+	for name, old := range ps.byName {
+		if !seen[name] {
+			drop(old)
 			delete(ps.byName, name)
 		}
 	}
@@ -179,7 +194,11 @@ func (ps *partScans) settle(name string, settled bool, due time.Time) {
 	defer ps.mu.Unlock()
 	if s := ps.byName[name]; s != nil {
 		s.settled.Store(settled && !s.touched.Load())
-		s.due = due
+		if due.IsZero() {
+			s.due.Store(0)
+		} else {
+			s.due.Store(due.UnixNano())
+		}
 	}
 }
 
