@@ -33,10 +33,11 @@ type openFile struct {
 
 	snap atomic.Pointer[fileState] // what was read at an epoch
 
-	mu     sync.Mutex
-	src    remoteSource // the store copy, opened at the first read of it; GUARDED_BY(mu)
-	srcKey string       // the record key src was opened for; GUARDED_BY(mu)
-	closed bool         // GUARDED_BY(mu)
+	mu      sync.Mutex
+	src     remoteSource   // the store copy, opened at the first read of it; GUARDED_BY(mu)
+	retired []remoteSource // copies of an earlier record (the file was shipped again); GUARDED_BY(mu)
+	srcKey  string         // the record key src was opened for; GUARDED_BY(mu)
+	closed  bool           // GUARDED_BY(mu)
 }
 
 // fileState is the state an openFile read at one epoch.
@@ -196,7 +197,8 @@ func (f *openFile) source(s *fileState) (remoteSource, error) {
 		return nil, err
 	}
 	if f.src != nil {
-		f.src.Close()
+		// A read may still be in it: it is closed with the file.
+		f.retired = append(f.retired, f.src)
 	}
 	f.src, f.srcKey = src, s.rec.Key
 	return src, nil
@@ -419,6 +421,10 @@ func (f *openFile) Close() error {
 		f.src.Close()
 		f.src = nil
 	}
+	for _, r := range f.retired {
+		r.Close()
+	}
+	f.retired = nil
 	return nil
 }
 
