@@ -19,8 +19,7 @@ func (t *Tierer) Tiered(rel string) bool {
 	if !ok || strings.Contains(name, "/") {
 		return false
 	}
-	pd, ok := kafka.ParsePartitionDir(dir)
-	if !ok || pd.State != kafka.DirLive || pd.Topic == "__cluster_metadata" {
+	if _, ok := livePartitionDir(dir); !ok {
 		return false
 	}
 	sn, ok := kafka.ParseSegmentName(name)

@@ -53,8 +53,8 @@ func Scan(root string) ([]Partition, error) {
 		if !de.IsDir() {
 			continue
 		}
-		pd, ok := kafka.ParsePartitionDir(de.Name())
-		if !ok || pd.State != kafka.DirLive || pd.Topic == "__cluster_metadata" {
+		pd, ok := livePartitionDir(de.Name())
+		if !ok {
 			continue
 		}
 		p, err := scanPartition(root, de.Name(), pd)
@@ -66,10 +66,18 @@ func Scan(root string) ([]Partition, error) {
 	return out, nil
 }
 
+// livePartitionDir parses name as a partition directory that tierfs
+// tiers: live (not being deleted, moved or stray), and not the KRaft
+// metadata log.
+func livePartitionDir(name string) (kafka.PartitionDir, bool) {
+	pd, ok := kafka.ParsePartitionDir(name)
+	return pd, ok && pd.State == kafka.DirLive && pd.Topic != "__cluster_metadata"
+}
+
 // ScanPartition lists the segments of the live partition dir name.
 func ScanPartition(root, name string) (Partition, error) {
-	pd, ok := kafka.ParsePartitionDir(name)
-	if !ok || pd.State != kafka.DirLive || pd.Topic == "__cluster_metadata" {
+	pd, ok := livePartitionDir(name)
+	if !ok {
 		return Partition{}, fmt.Errorf("%s is not a live partition directory", name)
 	}
 	return scanPartition(root, name, pd)

@@ -8,8 +8,6 @@ import (
 	"sync/atomic"
 	"syscall"
 	"time"
-
-	"github.com/tierfs/tierfs/idx/kafka"
 )
 
 // partScans remember what the last scan of each partition found, so
@@ -96,8 +94,8 @@ func (ps *partScans) scan(root string, full bool, now time.Time) (parts []Partit
 		if !de.IsDir() {
 			continue
 		}
-		pd, ok := kafka.ParsePartitionDir(de.Name())
-		if !ok || pd.State != kafka.DirLive || pd.Topic == "__cluster_metadata" {
+		pd, ok := livePartitionDir(de.Name())
+		if !ok {
 			continue
 		}
 		name := de.Name()
