@@ -40,12 +40,24 @@ func mustPass(t *testing.T, tr *Tierer) Report {
 	return rep
 }
 
-func readAll(t *testing.T, tr *Tierer, path string) []byte {
+// openStoreCopy opens the store copy of the file at path, whatever its
+// record's state.
+func openStoreCopy(t *testing.T, tr *Tierer, path string) remoteSource {
 	t.Helper()
-	r, err := tr.copies.openRemote(path)
+	rec, _, err := readRecord(path)
 	if err != nil {
 		t.Fatal(err)
 	}
+	r, err := tr.copies.openSource(rec)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return r
+}
+
+func readAll(t *testing.T, tr *Tierer, path string) []byte {
+	t.Helper()
+	r := openStoreCopy(t, tr, path)
 	defer r.Close()
 	fi, err := os.Stat(path)
 	if err != nil {

@@ -33,19 +33,6 @@ type RemoteCopy struct {
 // ErrOtherStore is a remote copy in a store this mount does not use.
 var ErrOtherStore = errors.New("its bytes are in another store than this mount's")
 
-// remoteCopyAt describes the evicted file at path (a RemoteCopy as
-// JSON); nil for a file that is not evicted (or is moving back).
-func (cs *copies) remoteCopyAt(path string) ([]byte, error) {
-	if err := cs.t.waitReady(); err != nil {
-		return nil, err
-	}
-	rec, has, err := readRecord(path)
-	if err != nil || !has {
-		return nil, err
-	}
-	return cs.remoteCopy(rec)
-}
-
 // remoteCopy describes the file of record rec, if it is evicted.
 func (cs *copies) remoteCopy(rec Record) ([]byte, error) {
 	if rec.State != StateRemote || !rec.Freed || rec.Size == 0 || cs.t.moves.of(rec.Ino) != nil {

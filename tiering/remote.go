@@ -45,19 +45,6 @@ func (t *Tierer) OpenIfRemote(path string) (r tiered.Reader, ok bool, err error)
 	return src, err == nil, err
 }
 
-// openRemote opens the store copy of the file at path through the
-// manifest kept in the state dir (no request until the first read).
-func (cs *copies) openRemote(path string) (tiered.Reader, error) {
-	rec, _, err := readRecord(path)
-	if err != nil {
-		return nil, err
-	}
-	if err := cs.t.waitReady(); err != nil {
-		return nil, err
-	}
-	return cs.openSource(rec)
-}
-
 // readAheadChunks is Config.ReadAheadChunks, with its default.
 func (cs *copies) readAheadChunks() int {
 	switch n := cs.t.cfg.ReadAheadChunks; {

@@ -467,11 +467,18 @@ func TestAdoptRemote(t *testing.T) {
 	t1.cfg.StoreID = "mem://one"
 	mustPass(t, t1)
 	src := b1.segPath(b1.bases[0])
-	desc, err := t1.copies.remoteCopyAt(src)
+	remoteCopyAt := func(path string) ([]byte, error) {
+		rec, has, err := readRecord(path)
+		if err != nil || !has {
+			return nil, err
+		}
+		return t1.copies.remoteCopy(rec)
+	}
+	desc, err := remoteCopyAt(src)
 	if err != nil || desc == nil {
 		t.Fatalf("remote copy: %s %v", desc, err)
 	}
-	if d, _ := t1.copies.remoteCopyAt(b1.segPath(b1.bases[2])); d != nil {
+	if d, _ := remoteCopyAt(b1.segPath(b1.bases[2])); d != nil {
 		t.Fatal("the active segment has a remote copy")
 	}
 	b2 := newReplica(t, "2", stream, offs, 10)

@@ -145,19 +145,7 @@ func (c *shipmentCatalog) of(partition string) ([]Shipment, error) {
 
 // all are every shipment, by partition and base offset.
 func (c *shipmentCatalog) all() ([]Shipment, error) {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	if err := c.loadLocked(); err != nil {
-		return nil, err
-	}
-	var out []Shipment
-	for _, ss := range c.byPart {
-		for _, s := range ss {
-			out = append(out, s)
-		}
-	}
-	sortShipments(out)
-	return out, nil
+	return c.except(func(string) bool { return false })
 }
 
 // except are the shipments of every partition but those skip names,
@@ -180,17 +168,6 @@ func (c *shipmentCatalog) except(skip func(partition string) bool) ([]Shipment, 
 	}
 	sortShipments(out)
 	return out, nil
-}
-
-// count is the number of shipments (0 before the first use).
-func (c *shipmentCatalog) count() int {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	n := 0
-	for _, ss := range c.byPart {
-		n += len(ss)
-	}
-	return n
 }
 
 func sortShipments(ss []Shipment) {

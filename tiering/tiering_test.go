@@ -105,10 +105,7 @@ func TestShipAndEvict(t *testing.T) {
 				if st != StateRemote {
 					continue
 				}
-				r, err := tr.copies.openRemote(path)
-				if err != nil {
-					t.Fatal(err)
-				}
+				r := openStoreCopy(t, tr, path)
 				fi, _ := os.Stat(path)
 				buf := make([]byte, fi.Size())
 				n, err := r.ReadAt(buf, 0)
@@ -165,7 +162,7 @@ func TestEvictFinishesAfterCrash(t *testing.T) {
 	if sb.Blocks*512 > 8192 || fi.ModTime().UnixNano() != rec.MtimeNs {
 		t.Fatalf("not finished: %d blocks, mtime %v", sb.Blocks, fi.ModTime())
 	}
-	r, _ := tr.copies.openRemote(path)
+	r := openStoreCopy(t, tr, path)
 	buf := make([]byte, fi.Size())
 	r.ReadAt(buf, 0)
 	if sha256.Sum256(buf) != sums[path] {
