@@ -75,9 +75,6 @@ var (
 // PassthroughFd: never; the kernel would read punched holes.
 func (h *tieredFile) PassthroughFd() (int, bool) { return 0, false }
 
-// bytesHere says whether a state's bytes are in the backing file.
-func bytesHere(st tiered.State) bool { return !st.InStore() && st != tiered.StateMoving }
-
 func (h *tieredFile) Read(ctx context.Context, dest []byte, off int64) (fuse.ReadResult, syscall.Errno) {
 	if obs := h.node.root.ops; obs != nil {
 		// Reads served from the store are observed apart, as
@@ -121,7 +118,7 @@ func (h *tieredFile) Lseek(ctx context.Context, off uint64, whence uint32) (uint
 	var res uint64
 	var errno syscall.Errno
 	err := h.tf.Locked(func(st tiered.State) error {
-		if bytesHere(st) {
+		if st.LocalBytes() {
 			res, errno = h.localFile.Lseek(ctx, off, whence)
 			return nil
 		}
@@ -208,7 +205,7 @@ func (h *tieredFile) Fsync(ctx context.Context, flags uint32) syscall.Errno {
 
 func (h *tieredFile) Allocate(ctx context.Context, off uint64, size uint64, mode uint32) syscall.Errno {
 	err := h.tf.Locked(func(st tiered.State) error {
-		if !bytesHere(st) {
+		if !st.LocalBytes() {
 			return ErrRemote
 		}
 		if errno := h.localFile.Allocate(ctx, off, size, mode); errno != 0 {

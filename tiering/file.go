@@ -131,18 +131,16 @@ func (f *openFile) RDI() (string, error) {
 const maxRetries = 1000
 
 // local runs fn under the gate if the file's bytes are local, and says
-// whether it did; s is the state under the gate otherwise.
-func (f *openFile) local(fn func()) (s *fileState, ran bool, err error) {
+// whether it did.
+func (f *openFile) local(fn func()) (ran bool, err error) {
 	unlock := f.t.cfg.Gate.RLock(f.ino)
 	defer unlock()
-	if s, err = f.current(); err != nil {
-		return nil, false, err
-	}
-	if s.st.InStore() || s.mv != nil {
-		return s, false, nil
+	s, err := f.current()
+	if err != nil || !s.st.LocalBytes() {
+		return false, err
 	}
 	fn()
-	return s, true, nil
+	return true, nil
 }
 
 func (f *openFile) ReadAt(p []byte, off int64) (int, error) {
@@ -165,7 +163,7 @@ func (f *openFile) ReadAt(p []byte, off int64) (int, error) {
 		}
 		var n int
 		var rerr error
-		_, ran, err := f.local(func() { n, rerr = unix.Pread(f.fd, p, off) })
+		ran, err := f.local(func() { n, rerr = unix.Pread(f.fd, p, off) })
 		if err != nil {
 			return 0, err
 		}
@@ -217,7 +215,7 @@ func (f *openFile) Slice(off int64, n int) ([]byte, func(), bool, error) {
 	if err != nil {
 		return nil, nil, true, err
 	}
-	if !s.st.InStore() || s.mv != nil {
+	if !s.st.InStore() {
 		return nil, nil, false, nil
 	}
 	src, err := f.source(s)
@@ -294,10 +292,10 @@ func (f *openFile) WriteAt(p []byte, off int64, local func() (int, error)) (int,
 		if err != nil {
 			return 0, err
 		}
-		if s.mv == nil && !s.st.InStore() {
+		if s.st.LocalBytes() {
 			var n int
 			var werr error
-			_, ran, err := f.local(func() { n, werr = local() })
+			ran, err := f.local(func() { n, werr = local() })
 			if err != nil {
 				return 0, err
 			}
@@ -336,9 +334,9 @@ func (f *openFile) Truncate(size int64, local func() error) error {
 		if err != nil {
 			return err
 		}
-		if s.mv == nil && !s.st.InStore() {
+		if s.st.LocalBytes() {
 			var terr error
-			_, ran, err := f.local(func() { terr = local() })
+			ran, err := f.local(func() { terr = local() })
 			if err != nil {
 				return err
 			}
@@ -403,7 +401,7 @@ func (f *openFile) Attr() (size, mtimeNs int64, ok bool) {
 
 func (f *openFile) RemoteCopy() ([]byte, error) {
 	s, err := f.current()
-	if err != nil || s.mv != nil || s.st != StateRemote {
+	if err != nil || s.st != StateRemote {
 		return nil, err
 	}
 	if err := f.t.waitReady(); err != nil {

@@ -64,6 +64,10 @@ func (s State) String() string {
 // A moving file is read through its move.
 func (s State) InStore() bool { return s == StateRemote }
 
+// LocalBytes says the file's bytes are its backing file's: it is
+// neither remote nor moving back.
+func (s State) LocalBytes() bool { return s != StateRemote && s != StateMoving }
+
 // MarshalText writes the state's name.
 func (s State) MarshalText() ([]byte, error) {
 	if s >= numStates {
