@@ -153,10 +153,14 @@ type Policy struct {
 	ShipAfter time.Duration // a segment must be this old (by mtime)
 }
 
+// whyActive is why the active segment waits: a partition where nothing
+// else waits is settled (see partScans).
+const whyActive = "active segment"
+
 // Eligible says whether seg may be shipped now, and if not, why.
 func (p Policy) Eligible(seg Segment, cp Checkpoints, now time.Time) (bool, string) {
 	if seg.Next < 0 {
-		return false, "active segment"
+		return false, whyActive
 	}
 	if _, ok := cp.Cleaner[seg.TP]; ok {
 		// The cleaner rewrites the segments of a compacted topic again and

@@ -226,7 +226,7 @@ func settledPassOf(r Report) bool {
 		return false
 	}
 	for why := range r.Waiting {
-		if why != "active segment" {
+		if why != whyActive {
 			return false
 		}
 	}
