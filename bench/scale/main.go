@@ -16,8 +16,6 @@ import (
 	"os/exec"
 	"path/filepath"
 	"sort"
-	"strconv"
-	"strings"
 	"syscall"
 	"time"
 
@@ -121,7 +119,7 @@ func run(c config) error {
 		return err
 	}
 	add("idle CPU, --tier-interval 2s", fmt.Sprintf("%.2f%% of a core", 100*cpu2), "≤ 2%", cpu2 <= 0.02)
-	rss := rssOf(pid)
+	rss, _ := procmem.RSS(pid)
 	add("RSS of tierfs, idle", size(rss), "≤ 200 MiB", rss <= 200<<20)
 	st := statusTime(c.bin, mnt)
 	add("tierfs status (median of 3)", st.Round(time.Millisecond).String(), "≤ 1s", st <= time.Second)
@@ -173,20 +171,6 @@ func idleCPU(pid int, d time.Duration) (float64, error) {
 		return 0, err
 	}
 	return (b - a) / d.Seconds(), nil
-}
-
-func rssOf(pid int) int64 {
-	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/status", pid))
-	if err != nil {
-		return 0
-	}
-	for _, l := range strings.Split(string(b), "\n") {
-		if v, ok := strings.CutPrefix(l, "VmRSS:"); ok {
-			kb, _ := strconv.ParseInt(strings.Fields(v)[0], 10, 64)
-			return kb << 10
-		}
-	}
-	return 0
 }
 
 func statusTime(bin, mnt string) time.Duration {

@@ -41,21 +41,27 @@ func CPUSeconds(pid int) (float64, error) {
 
 // PeakRSS is the peak resident memory of process pid since it started or
 // since ResetPeakRSS (VmHWM), in bytes.
-func PeakRSS(pid int) (int64, error) {
+func PeakRSS(pid int) (int64, error) { return statusBytes(pid, "VmHWM") }
+
+// RSS is the resident memory of process pid now (VmRSS), in bytes.
+func RSS(pid int) (int64, error) { return statusBytes(pid, "VmRSS") }
+
+// statusBytes reads a field in kB of /proc/<pid>/status, in bytes.
+func statusBytes(pid int, field string) (int64, error) {
 	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/status", pid))
 	if err != nil {
 		return 0, err
 	}
 	for _, line := range strings.Split(string(b), "\n") {
-		if rest, ok := strings.CutPrefix(line, "VmHWM:"); ok {
+		if rest, ok := strings.CutPrefix(line, field+":"); ok {
 			var kb int64
 			if _, err := fmt.Sscanf(strings.TrimSpace(rest), "%d kB", &kb); err != nil {
-				return 0, fmt.Errorf("VmHWM of process %d: %q", pid, rest)
+				return 0, fmt.Errorf("%s of process %d: %q", field, pid, rest)
 			}
 			return kb << 10, nil
 		}
 	}
-	return 0, fmt.Errorf("no VmHWM for process %d", pid)
+	return 0, fmt.Errorf("no %s for process %d", field, pid)
 }
 
 // ResetPeakRSS starts pid's peak resident memory again from what it uses

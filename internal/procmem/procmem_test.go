@@ -24,6 +24,9 @@ func TestPeakRSSOfThisProcess(t *testing.T) {
 	if err != nil || again < int64(len(b)) {
 		t.Fatalf("after a reset: %d, %v", again, err)
 	}
+	if rss, err := RSS(os.Getpid()); err != nil || rss < int64(len(b)) || rss > again {
+		t.Fatalf("resident %d, %v; the buffer is %d bytes, the peak %d", rss, err, len(b), again)
+	}
 	_ = b[len(b)-1]
 	if _, err := PeakRSS(-1); err == nil {
 		t.Fatal("a process that does not exist has a peak")
