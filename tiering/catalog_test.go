@@ -8,7 +8,6 @@ import (
 	"os"
 	"path/filepath"
 	"strings"
-	"syscall"
 	"testing"
 	"time"
 
@@ -230,17 +229,8 @@ func TestTouchUnsettles(t *testing.T) {
 	tr.RunOnce(ctx)
 	before := tr.Counters().PartitionScans.Load()
 	segs, _ := filepath.Glob(filepath.Join(root, "orders-1", "*.log"))
-	fd, err := os.OpenFile(segs[0], os.O_RDWR, 0)
-	if err != nil {
-		t.Fatal(err)
-	}
+	f, fd, _ := openTiered(t, tr, segs[0], "orders-1/"+filepath.Base(segs[0]))
 	defer fd.Close()
-	var st syscall.Stat_t
-	syscall.Fstat(int(fd.Fd()), &st)
-	f, err := tr.Open(st.Ino, "orders-1/"+filepath.Base(segs[0]), int(fd.Fd()), 0)
-	if err != nil {
-		t.Fatal(err)
-	}
 	defer f.Close()
 	if _, err := f.WriteAt([]byte("x"), 0, func() (int, error) { return fd.WriteAt([]byte("x"), 0) }); err != nil {
 		t.Fatal(err)

@@ -7,7 +7,6 @@ import (
 	"os"
 	"path/filepath"
 	"slices"
-	"syscall"
 	"testing"
 	"time"
 
@@ -79,25 +78,20 @@ func testPassView(t *testing.T, seed uint64) {
 			}
 			path := l[r.IntN(len(l)-1)]
 			what = "change " + path
-			fd, err := os.OpenFile(path, os.O_RDWR, 0)
-			if err != nil {
-				t.Fatal(err)
-			}
-			var st syscall.Stat_t
-			syscall.Fstat(int(fd.Fd()), &st)
-			f, err := tr.Open(st.Ino, p+"/"+filepath.Base(path), int(fd.Fd()), 0)
+			f, fd, ino := openTiered(t, tr, path, p+"/"+filepath.Base(path))
+			fi, err := fd.Stat()
 			if err != nil {
 				t.Fatal(err)
 			}
 			if op == 2 {
 				_, err = f.WriteAt([]byte("changed"), 10, func() (int, error) { return fd.WriteAt([]byte("changed"), 10) })
 			} else {
-				err = f.Truncate(st.Size/2, func() error { return fd.Truncate(st.Size / 2) })
+				err = f.Truncate(fi.Size()/2, func() error { return fd.Truncate(fi.Size() / 2) })
 			}
 			if err != nil {
 				t.Fatalf("step %d, %s: %v", step, what, err)
 			}
-			if m := tr.moves.of(st.Ino); m != nil {
+			if m := tr.moves.of(ino); m != nil {
 				m.Wait()
 			}
 			f.Close()

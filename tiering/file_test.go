@@ -16,6 +16,26 @@ import (
 	"github.com/tierfs/tierfs/internal/tiered"
 )
 
+// openTiered opens the file at path read-write, and the tierer's view
+// of it named rel (as the file system would); the caller closes both.
+func openTiered(t *testing.T, tr *Tierer, path, rel string) (tiered.File, *os.File, uint64) {
+	t.Helper()
+	fd, err := os.OpenFile(path, os.O_RDWR, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var st syscall.Stat_t
+	if err := syscall.Fstat(int(fd.Fd()), &st); err != nil {
+		t.Fatal(err)
+	}
+	f, err := tr.Open(st.Ino, rel, int(fd.Fd()), 0)
+	if err != nil {
+		fd.Close()
+		t.Fatal(err)
+	}
+	return f, fd, st.Ino
+}
+
 // readWhole reads a tiered file's bytes through it.
 func readWhole(t *testing.T, f tiered.File, size int) []byte {
 	t.Helper()
@@ -46,17 +66,8 @@ func TestOpenFileFollowsItsState(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	fd, err := os.OpenFile(path, os.O_RDWR, 0)
-	if err != nil {
-		t.Fatal(err)
-	}
+	f, fd, ino := openTiered(t, tr, path, rel)
 	defer fd.Close()
-	var st syscall.Stat_t
-	syscall.Fstat(int(fd.Fd()), &st)
-	f, err := tr.Open(st.Ino, rel, int(fd.Fd()), 0)
-	if err != nil {
-		t.Fatal(err)
-	}
 	wantState(t, f, StateLocal)
 	if !bytes.Equal(readWhole(t, f, len(orig)), orig) {
 		t.Fatal("local read differs")
@@ -89,10 +100,10 @@ func TestOpenFileFollowsItsState(t *testing.T) {
 	rec, _, _ := readRecord(path)
 	unix.Fremovexattr(int(fd.Fd()), recordXattr)
 	wantState(t, f, StateRemote)
-	tr.handles.changed(st.Ino)
+	tr.handles.changed(ino)
 	wantState(t, f, StateLocal)
 	writeRecordFd(int(fd.Fd()), path, rec)
-	tr.handles.changed(st.Ino)
+	tr.handles.changed(ino)
 	wantState(t, f, StateRemote)
 
 	// With NoMove a change of a remote file is refused; an O_PATH
@@ -102,7 +113,7 @@ func TestOpenFileFollowsItsState(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer unix.Close(pfd)
-	nm, err := tr.Open(st.Ino, rel, pfd, tiered.NoMove)
+	nm, err := tr.Open(ino, rel, pfd, tiered.NoMove)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -127,7 +138,7 @@ func TestOpenFileFollowsItsState(t *testing.T) {
 	if !bytes.Equal(readWhole(t, f, len(orig)), want) {
 		t.Fatal("read of a moving file differs")
 	}
-	if m := tr.moves.of(st.Ino); m != nil {
+	if m := tr.moves.of(ino); m != nil {
 		if err := m.Wait(); err != nil {
 			t.Fatal(err)
 		}

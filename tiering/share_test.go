@@ -153,17 +153,8 @@ func checkReplica(t *testing.T, tr *Tierer, r *replica) (local, remote int, onDi
 // another broker's) is handed out without a copy, and holds want's bytes.
 func checkSlices(t *testing.T, tr *Tierer, path string, want []byte) {
 	t.Helper()
-	fd, err := os.Open(path)
-	if err != nil {
-		t.Fatal(err)
-	}
+	f, fd, _ := openTiered(t, tr, path, path)
 	defer fd.Close()
-	var st syscall.Stat_t
-	syscall.Fstat(int(fd.Fd()), &st)
-	f, err := tr.Open(st.Ino, path, int(fd.Fd()), 0)
-	if err != nil {
-		t.Fatal(err)
-	}
 	defer f.Close()
 	sliced := 0
 	for off := 0; off < len(want); off += 4096 {
