@@ -62,6 +62,7 @@ func (x *partIndexes) file(partition string) (*idx.File, error) {
 	if f.Cut() > 0 {
 		x.log.Warn("cut a torn tail off an index file", "path", f.Path(), "bytes", f.Cut())
 	}
+	removeLegacyRemoteIndexes(dir)
 	x.files[partition] = f
 	return f, nil
 }
@@ -111,4 +112,16 @@ func (b *batchLists) put(key string, bs []idx.BatchRef) {
 		b.byKey = map[string][]idx.BatchRef{}
 	}
 	b.byKey[key] = bs
+}
+
+// removeLegacyRemoteIndexes removes the local copies of remote indexes
+// (*.rindex, *.rtimeindex) that versions before 2026-12 kept beside the
+// index file. Nothing read them; the store's copies stay.
+func removeLegacyRemoteIndexes(dir string) {
+	for _, pat := range []string{"*.rindex", "*.rtimeindex"} {
+		old, _ := filepath.Glob(filepath.Join(dir, pat))
+		for _, p := range old {
+			os.Remove(p)
+		}
+	}
 }

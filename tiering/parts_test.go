@@ -4,7 +4,9 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"os"
 	"path/filepath"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -101,9 +103,18 @@ func TestPartStatus(t *testing.T) {
 func TestPartIndexes(t *testing.T) {
 	dir := t.TempDir()
 	x := newPartIndexes(func() string { return dir }, slog.New(slog.DiscardHandler))
+	// Local copies of remote indexes that older versions kept go at the
+	// first open.
+	legacy := filepath.Join(dir, "idx", "a-0", "00000000000000000000.rindex")
+	os.MkdirAll(filepath.Dir(legacy), 0o755)
+	os.WriteFile(legacy, make([]byte, 8), 0o644)
+	os.WriteFile(strings.TrimSuffix(legacy, ".rindex")+".rtimeindex", make([]byte, 12), 0o644)
 	f1, err := x.file("a-0")
 	if err != nil {
 		t.Fatal(err)
+	}
+	if left, _ := filepath.Glob(filepath.Join(dir, "idx", "a-0", "*.r*index")); len(left) > 0 {
+		t.Fatalf("legacy remote indexes left: %v", left)
 	}
 	if f2, _ := x.file("a-0"); f2 != f1 {
 		t.Fatal("opened twice")

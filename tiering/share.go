@@ -139,66 +139,14 @@ func (si *storeIndex) syncIndexOnce(ctx context.Context, partition string) (bool
 	return true, nil
 }
 
-// replaceIndex replaces the local index file of a partition with data,
-// and its remote offset and time indexes with ones built from it.
+// replaceIndex replaces the local index file of a partition with data.
 func (si *storeIndex) replaceIndex(partition string, data []byte) error {
 	si.t.indexes.forget(partition)
 	dir := si.t.indexes.path(partition)
 	if err := os.MkdirAll(dir, 0o755); err != nil {
 		return err
 	}
-	if err := writeFileAtomic(filepath.Join(dir, idx.FileName), data); err != nil {
-		return err
-	}
-	f, err := si.t.indexes.file(partition)
-	if err != nil {
-		return err
-	}
-	return writeAllRemoteIndexes(dir, f)
-}
-
-// writeAllRemoteIndexes writes the remote offset and time indexes of
-// every object's run of entries (a shipped segment, or its tail), after
-// removing those of runs that are gone.
-func writeAllRemoteIndexes(dir string, f *idx.File) error {
-	old, _ := filepath.Glob(filepath.Join(dir, "*.rindex"))
-	olds, _ := filepath.Glob(filepath.Join(dir, "*.rtimeindex"))
-	stale := map[string]bool{}
-	for _, p := range append(old, olds...) {
-		stale[p] = true
-	}
-	var err error
-	f.View(func(x *idx.Index) {
-		var bases []int64
-		last := ""
-		for i := 0; i < x.Len(); i++ {
-			e := x.Entry(i)
-			k, _, _ := strings.Cut(string(e.RDI), "@")
-			if k != last {
-				bases = append(bases, e.FirstOffset)
-				last = k
-			}
-		}
-		for i, b := range bases {
-			next := int64(1<<63 - 1)
-			if i+1 < len(bases) {
-				next = bases[i+1]
-			}
-			var ri idx.RemoteIndexes
-			if ri, err = x.BuildRemoteIndexes(b, next); err != nil {
-				return
-			}
-			if err = idx.WriteRemoteIndexes(dir, ri); err != nil {
-				return
-			}
-			delete(stale, filepath.Join(dir, idx.RemoteOffsetIndexName(b)))
-			delete(stale, filepath.Join(dir, idx.RemoteTimeIndexName(b)))
-		}
-	})
-	for p := range stale {
-		os.Remove(p)
-	}
-	return err
+	return writeFileAtomic(filepath.Join(dir, idx.FileName), data)
 }
 
 // putIndex ships the partition's index file as it is now, on the

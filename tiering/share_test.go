@@ -287,8 +287,9 @@ func testBrokersShareTheStore(t *testing.T, s store.Store) {
 	if why := t2.LastErrors()["orders-0"].Kept; !strings.Contains(why, "not in the store yet") {
 		t.Fatalf("follower's reason: %q", why)
 	}
-	// Its copy of the index is the store's, with the remote offset and
-	// time indexes of each of the leader's segments.
+	// Its copy of the index is the store's, and gives the remote offset
+	// and time indexes of each of the leader's segments (kept in the
+	// store only).
 	dir := filepath.Join(b2.root, ".tierfs", "idx", "orders-0")
 	local, _ := os.ReadFile(filepath.Join(dir, idx.FileName))
 	remote, _ := store.ReadAll(s.Get(context.Background(), "orders-0/"+idx.FileName, 0, -1, store.GetOptions{}))
@@ -301,9 +302,12 @@ func testBrokersShareTheStore(t *testing.T, s store.Store) {
 	}
 	for i, b := range b1.bases[:4] {
 		next := b1.bases[i+1]
-		if _, rebuilt, err := idx.LoadRemoteIndexes(dir, x, b, next); err != nil || rebuilt {
-			t.Errorf("follower's remote indexes of %d: rebuilt %v, %v", b, rebuilt, err)
+		if ri, err := x.BuildRemoteIndexes(b, next); err != nil || len(ri.Offsets) == 0 {
+			t.Errorf("follower's remote indexes of %d: %d entries, %v", b, len(ri.Offsets), err)
 		}
+	}
+	if ri, _ := filepath.Glob(filepath.Join(dir, "*.r*index")); len(ri) > 0 {
+		t.Errorf("local remote indexes written: %v", ri)
 	}
 	l3, r3, _ := checkReplica(t, t3, b3)
 	if r3 != 2 || l3 != 2 { // 0 and 26 mapped; 13 diverged; 39.. active

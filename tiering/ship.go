@@ -645,9 +645,6 @@ func (sp *shipper) appendIndex(ctx context.Context, seg Segment, key string, fro
 	if err != nil {
 		return err
 	}
-	if err := idx.WriteRemoteIndexes(filepath.Dir(f.Path()), ri); err != nil {
-		return err
-	}
 	base := strings.TrimSuffix(key, kafka.KindLog)
 	for name, b := range map[string][]byte{base + ".rindex": ri.MarshalOffsets(), base + ".rtimeindex": ri.MarshalTimes()} {
 		if _, err := sp.t.cfg.Store.Put(ctx, name, bytes.NewReader(b), int64(len(b))); err != nil {

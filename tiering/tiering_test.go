@@ -130,6 +130,14 @@ func TestShipAndEvict(t *testing.T) {
 			if _, err := s.Head(context.Background(), "orders-0/"+idx.FileName); err != nil {
 				t.Fatalf("index file not shipped: %v", err)
 			}
+			// The remote indexes are in the store only: nothing here
+			// reads a local copy.
+			if ri, _ := filepath.Glob(filepath.Join(root, ".tierfs", "idx", "orders-0", "*.r*index")); len(ri) > 0 {
+				t.Fatalf("local remote indexes written: %v", ri)
+			}
+			if _, err := s.Head(context.Background(), strings.TrimSuffix(recordKey(t, filepath.Join(root, "orders-0", kafkaName(b0[0], ".log"))), ".log")+".rindex"); err != nil {
+				t.Fatalf("remote offset index not shipped: %v", err)
+			}
 			// A second pass has nothing to do.
 			if rep := tr.RunOnce(context.Background()); rep.Shipped+rep.Evicted+rep.Recovered != 0 || len(rep.Errors) > 0 {
 				t.Fatalf("second pass: %+v", rep)
@@ -328,4 +336,14 @@ func TestHoldWaitsForEviction(t *testing.T) {
 	if g.Held(7) || len(g.locks) != 0 {
 		t.Fatalf("after release: held %v, %d locks left", g.Held(7), len(g.locks))
 	}
+}
+
+// recordKey is the object key of a shipped or evicted file's record.
+func recordKey(t *testing.T, path string) string {
+	t.Helper()
+	rec, has, err := readRecord(path)
+	if err != nil || !has {
+		t.Fatalf("%s: no record (%v)", path, err)
+	}
+	return rec.Key
 }

@@ -29,6 +29,7 @@ type config struct {
 	partitions, segments int
 	idle                 time.Duration
 	work                 string
+	cpuProfile           string
 }
 
 func main() {
@@ -38,6 +39,7 @@ func main() {
 	flag.IntVar(&c.segments, "segments", 50, "rolled segments per partition (about 4 KiB each; one active segment more)")
 	flag.DurationVar(&c.idle, "idle", 60*time.Second, "how long idle CPU is measured, at each tier interval")
 	flag.StringVar(&c.work, "work", "", "work directory (default: a new one under /var/tmp, removed after)")
+	flag.StringVar(&c.cpuProfile, "cpuprofile", "", "write a CPU profile of the first mount (the one that ships) to this file")
 	flag.Parse()
 	if err := run(c); err != nil {
 		fmt.Fprintln(os.Stderr, "bench-scale:", err)
@@ -78,9 +80,9 @@ func run(c config) error {
 	if err != nil {
 		return err
 	}
-	mount := func(interval string, log string) (func(), int, time.Duration, error) {
+	mount := func(interval string, log string, env ...string) (func(), int, time.Duration, error) {
 		t0 := time.Now()
-		unmount, pid, err := benchutil.MountProc(c.bin, filepath.Join(work, log), nil,
+		unmount, pid, err := benchutil.MountProc(c.bin, filepath.Join(work, log), env,
 			"--backing", backing, "--remote", "file://"+store, "--ship-after", "0s", "--tier-interval", interval, "--metrics-listen", addr, mnt)
 		return unmount, pid, time.Since(t0), err
 	}
@@ -94,12 +96,21 @@ func run(c config) error {
 	}
 
 	// A first mount ships every segment.
-	unmount, pid, took, err := mount("2s", "mount-1.log")
+	var env []string
+	if c.cpuProfile != "" {
+		p, err := filepath.Abs(c.cpuProfile)
+		if err != nil {
+			return err
+		}
+		env = append(env, "TIERFS_CPUPROFILE="+p)
+	}
+	unmount, pid, took, err := mount("2s", "mount-1.log", env...)
 	if err != nil {
 		return err
 	}
 	add("mount, empty store (start to mounted)", took.Round(time.Millisecond).String(), "", false)
 	t0 := time.Now()
+	cpu0, _ := procmem.CPUSeconds(pid)
 	var shipped float64
 	err = benchutil.WaitFor(func() bool {
 		shipped, _ = benchutil.Metric(addr, "tierfs_remote_copy_segments_total")
@@ -110,8 +121,10 @@ func run(c config) error {
 		return fmt.Errorf("%w (%d of %d shipped)", err, int(shipped), total)
 	}
 	shipTook := time.Since(t0)
+	cpu1, _ := procmem.CPUSeconds(pid)
 	rate := float64(total) / shipTook.Seconds()
 	add(fmt.Sprintf("ship %d segments of %s", total, size(segSize)), fmt.Sprintf("%s (%.0f segments/s)", shipTook.Round(time.Second), rate), "≥ 500 segments/s", rate >= 500)
+	add("CPU per shipped segment (user+system of tierfs)", fmt.Sprintf("%.2f ms (%.0f%% of a core)", 1000*(cpu1-cpu0)/float64(total), 100*(cpu1-cpu0)/shipTook.Seconds()), "", false)
 	time.Sleep(5 * time.Second) // the pass that shipped the last ones ends
 	cpu2, err := idleCPU(pid, c.idle)
 	if err != nil {
