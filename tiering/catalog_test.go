@@ -3,7 +3,9 @@ package tiering
 import (
 	"bytes"
 	"context"
+	"encoding/json"
 	"errors"
+	"fmt"
 	"log/slog"
 	"os"
 	"path/filepath"
@@ -65,7 +67,8 @@ func TestRecordsFollowTheCtime(t *testing.T) {
 // started again) reads the same shipments back.
 func TestShipmentCatalog(t *testing.T) {
 	dir := t.TempDir()
-	c := newShipmentCatalog(func() string { return dir })
+	discard := slog.New(slog.DiscardHandler)
+	c := newShipmentCatalog(func() string { return dir }, discard)
 	if all, err := c.all(); err != nil || len(all) != 0 {
 		t.Fatalf("empty: %v %v", all, err)
 	}
@@ -91,21 +94,67 @@ func TestShipmentCatalog(t *testing.T) {
 	if err := c.remove("b-0", "b-0/00000000000000000005-3.log"); err != nil {
 		t.Fatal(err)
 	}
-	again := newShipmentCatalog(func() string { return dir })
+	again := newShipmentCatalog(func() string { return dir }, discard)
 	all, err := again.all()
 	kept, _ := c.all()
 	if err != nil || len(all) != 2 || all[0].Partition != "a-0" || len(kept) != 2 {
 		t.Fatalf("read back: %+v %v", all, err)
 	}
-	if _, err := os.Stat(shipmentPath(dir, "b-0", "b-0/00000000000000000005-3.log")); !os.IsNotExist(err) {
-		t.Fatalf("a removed shipment is on disk: %v", err)
+	// One log per partition; a partition with no shipment left has none.
+	if files, _ := filepath.Glob(filepath.Join(dir, "shipments", "*")); len(files) != 1 || filepath.Base(files[0]) != "a-0.klog" {
+		t.Fatalf("shipment files: %v", files)
 	}
-	// A torn file is an error that names it.
+	// A bad line is an error that names the log.
+	bad := filepath.Join(dir, "shipments", "c-0.klog")
+	os.WriteFile(bad, []byte("junk\nmore junk\n"), 0o644)
+	if _, err := newShipmentCatalog(func() string { return dir }, discard).all(); err == nil || !strings.Contains(err.Error(), bad+": offset 0") {
+		t.Fatalf("a bad shipment log: %v", err)
+	}
+}
+
+// Shipments of older versions, one JSON file each, move into the
+// partitions' logs at the first load, and read back the same.
+func TestShipmentCatalogMigrates(t *testing.T) {
+	dir := t.TempDir()
+	discard := slog.New(slog.DiscardHandler)
+	legacy := []Shipment{
+		{State: ShipmentShipped, Partition: "a-0", Base: 20, Key: "a-0/00000000000000000020-1.log", Objects: []string{"a-0/00000000000000000020-1.log"}},
+		{State: ShipmentDeleting, Partition: "a-0", Base: 0, Key: "a-0/00000000000000000000-2.log"},
+		{State: ShipmentShipped, Partition: "b-0", Base: 5, Key: "b-0/00000000000000000005-3.log"},
+	}
+	for _, s := range legacy {
+		p := filepath.Join(dir, "shipments", s.Partition, filepath.Base(s.Key)+".json")
+		os.MkdirAll(filepath.Dir(p), 0o755)
+		b, _ := json.Marshal(s)
+		os.WriteFile(p, b, 0o644)
+	}
+	// A crash halfway through an earlier migration left a-0's log with
+	// one of its shipments beside the file.
+	half := newShipmentCatalog(func() string { return dir }, discard)
+	l, _ := half.openLog("a-0")
+	b, _ := json.Marshal(legacy[0])
+	l.Put(legacy[0].Key, b)
+	c := newShipmentCatalog(func() string { return dir }, discard)
+	all, err := c.all()
+	if err != nil || len(all) != 3 {
+		t.Fatalf("migrated: %+v %v", all, err)
+	}
+	if files, _ := filepath.Glob(filepath.Join(dir, "shipments", "*")); fmt.Sprint(files) != fmt.Sprint([]string{filepath.Join(dir, "shipments", "a-0.klog"), filepath.Join(dir, "shipments", "b-0.klog")}) {
+		t.Fatalf("after migration: %v", files)
+	}
+	again, err := newShipmentCatalog(func() string { return dir }, discard).all()
+	if err != nil || fmt.Sprint(again) != fmt.Sprint(all) {
+		t.Fatalf("read back: %+v %v, want %+v", again, err, all)
+	}
+	if s, _ := c.get("a-0", legacy[0].Key); s.State != ShipmentShipped || len(s.Objects) != 1 {
+		t.Fatalf("a-0 20: %+v", s)
+	}
+	// A bad legacy file is an error that names it.
 	bad := filepath.Join(dir, "shipments", "c-0", "x.log.json")
 	os.MkdirAll(filepath.Dir(bad), 0o755)
 	os.WriteFile(bad, []byte("{"), 0o644)
-	if _, err := newShipmentCatalog(func() string { return dir }).all(); err == nil || !strings.Contains(err.Error(), bad) {
-		t.Fatalf("a torn shipment: %v", err)
+	if _, err := newShipmentCatalog(func() string { return dir }, discard).all(); err == nil || !strings.Contains(err.Error(), bad) {
+		t.Fatalf("a torn legacy shipment: %v", err)
 	}
 }
 
@@ -128,7 +177,7 @@ func TestIdlePassReadsNothing(t *testing.T) {
 	// pass that read one would fail.
 	ships, _ := tr.shipments.all()
 	for _, s := range ships {
-		os.WriteFile(shipmentPath(tr.cfg.StateDir, s.Partition, s.Key), []byte("{"), 0o644)
+		os.WriteFile(filepath.Join(tr.cfg.StateDir, "shipments", s.Partition+shipmentLogExt), []byte("junk\njunk\n"), 0o644)
 	}
 	n := tr.records.size()
 	if n < len(ships) {

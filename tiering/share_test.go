@@ -541,7 +541,7 @@ func TestShipResumesAfterIndexedCrash(t *testing.T) {
 		t.Fatal(err)
 	}
 	sh.State = ShipmentShipping
-	if err := writeShipment(tr.cfg.StateDir, sh); err != nil {
+	if err := tr.shipments.put(sh); err != nil {
 		t.Fatal(err)
 	}
 	if err := unix.Removexattr(renamed, recordXattr); err != nil {

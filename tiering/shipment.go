@@ -2,7 +2,6 @@ package tiering
 
 import (
 	"context"
-	"encoding/json"
 	"errors"
 	"fmt"
 	"os"
@@ -31,7 +30,7 @@ type deleter struct{ t *Tierer }
 // again whatever it was renamed to. It is written before the first byte
 // is sent, so the store never holds an object that no shipment names, and
 // it goes only after those objects were deleted. Shipments live in the
-// state dir, shipments/<partition>/<object name>.json.
+// state dir, one keyed log per partition: shipments/<partition>.klog.
 type Shipment struct {
 	Version   int           `json:"v"`
 	State     ShipmentState `json:"state"` // shipping, shipped or deleting
@@ -61,19 +60,6 @@ const (
 	ShipmentShipped  ShipmentState = "shipped"  // the file's record holds the shipment
 	ShipmentDeleting ShipmentState = "deleting" // the file is gone; its objects are being deleted
 )
-
-func shipmentPath(stateDir, partition, key string) string {
-	return filepath.Join(stateDir, "shipments", partition, filepath.Base(key)+".json")
-}
-
-func writeShipment(stateDir string, s Shipment) error {
-	s.Version = 1
-	b, err := json.Marshal(s)
-	if err != nil {
-		return err
-	}
-	return writeFileAtomic(shipmentPath(stateDir, s.Partition, s.Key), b)
-}
 
 // ownObjects are the objects of a shipment that it put in the store:
 // all but its references to other brokers' objects.
@@ -364,7 +350,6 @@ func (dl *deleter) dropEmptyIndex(ctx context.Context, partition string) error {
 		}
 	}
 	dl.t.indexes.forget(partition)
-	os.Remove(filepath.Join(dl.t.cfg.StateDir, "shipments", partition))
 	return os.RemoveAll(filepath.Dir(f.Path()))
 }
 

@@ -3,86 +3,171 @@ package tiering
 import (
 	"encoding/json"
 	"fmt"
-	"io/fs"
+	"log/slog"
 	"os"
 	"path/filepath"
 	"sort"
+	"strings"
 	"sync"
+
+	"github.com/tierfs/tierfs/internal/keylog"
 )
 
-// shipmentCatalog is every shipment in the state dir
-// (shipments/<partition>/<object>.json), read from disk once, at its
-// first use, and from then on kept in memory: the tierer is the only
-// writer of the directory, and each write and removal goes through here
-// (to disk first, then to memory). A pass then reads no shipment file,
-// and a deletion looks only at its partition's shipments in memory.
+// shipmentCatalog is every shipment in the state dir, one keyed log per
+// partition (shipments/<partition>.klog, internal/keylog), read from
+// disk once, at its first use, and from then on kept in memory: the
+// tierer is the only writer of the directory, and each write and
+// removal goes through here (to disk first, then to memory). A pass then
+// reads no shipment, and a deletion looks only at its partition's
+// shipments in memory. Shipments of versions before 2026-12, one file
+// each (shipments/<partition>/<object>.json), are moved into the logs at
+// the first load.
 type shipmentCatalog struct {
 	dir func() string // the state dir (known once the mount holds it)
+	log *slog.Logger
 
 	mu     sync.Mutex
 	loaded bool                           // GUARDED_BY(mu)
-	byPart map[string]map[string]Shipment // partition → object file name → shipment; GUARDED_BY(mu)
+	byPart map[string]map[string]Shipment // partition → object key → shipment; GUARDED_BY(mu)
+	logs   map[string]*keylog.Log         // by partition; GUARDED_BY(mu)
 }
 
-func newShipmentCatalog(dir func() string) *shipmentCatalog {
-	return &shipmentCatalog{dir: dir, byPart: map[string]map[string]Shipment{}}
+func newShipmentCatalog(dir func() string, log *slog.Logger) *shipmentCatalog {
+	return &shipmentCatalog{dir: dir, log: log, byPart: map[string]map[string]Shipment{}, logs: map[string]*keylog.Log{}}
 }
 
-// loadLocked reads every shipment file, once.
+const shipmentLogExt = ".klog"
+
+func (c *shipmentCatalog) root() string { return filepath.Join(c.dir(), "shipments") }
+
+// loadLocked reads every shipment log, once, moving legacy shipment
+// files into them.
 func (c *shipmentCatalog) loadLocked() error {
 	if c.loaded {
 		return nil
 	}
-	root := filepath.Join(c.dir(), "shipments")
-	byPart := map[string]map[string]Shipment{}
-	err := filepath.WalkDir(root, func(p string, d fs.DirEntry, err error) error {
-		if err != nil {
-			if os.IsNotExist(err) {
-				return nil
-			}
-			return err
-		}
-		if d.IsDir() || filepath.Ext(p) != ".json" || filepath.Dir(filepath.Dir(p)) != root {
-			return nil
-		}
-		b, err := os.ReadFile(p)
-		if err != nil {
-			if os.IsNotExist(err) {
-				return nil
-			}
-			return err
-		}
-		var s Shipment
-		if err := json.Unmarshal(b, &s); err != nil {
-			return fmt.Errorf("shipment %s: %w", p, err)
-		}
-		part := filepath.Base(filepath.Dir(p))
+	ents, err := os.ReadDir(c.root())
+	if err != nil && !os.IsNotExist(err) {
+		return err
+	}
+	byPart, logs := map[string]map[string]Shipment{}, map[string]*keylog.Log{}
+	add := func(part string, s Shipment) {
 		if byPart[part] == nil {
 			byPart[part] = map[string]Shipment{}
 		}
-		byPart[part][filepath.Base(p)] = s
-		return nil
-	})
-	if err != nil {
-		return err
+		byPart[part][s.Key] = s
 	}
-	c.byPart, c.loaded = byPart, true
+	for _, e := range ents {
+		if part, ok := strings.CutSuffix(e.Name(), shipmentLogExt); ok && e.Type().IsRegular() {
+			l, err := c.openLog(part)
+			if err != nil {
+				return err
+			}
+			logs[part] = l
+			err = l.Each(func(key string, val []byte) error {
+				var s Shipment
+				if err := json.Unmarshal(val, &s); err != nil {
+					return fmt.Errorf("shipment %s in %s: %w", key, l.Path(), err)
+				}
+				add(part, s)
+				return nil
+			})
+			if err != nil {
+				return err
+			}
+		}
+	}
+	for _, e := range ents {
+		if !e.IsDir() {
+			continue
+		}
+		part := e.Name()
+		if logs[part] == nil {
+			l, err := c.openLog(part)
+			if err != nil {
+				return err
+			}
+			logs[part] = l
+		}
+		ss, err := c.migrate(part, logs[part])
+		if err != nil {
+			return err
+		}
+		for _, s := range ss {
+			add(part, s)
+		}
+	}
+	c.byPart, c.logs, c.loaded = byPart, logs, true
 	return nil
 }
 
-func shipmentName(key string) string { return filepath.Base(key) + ".json" }
+func (c *shipmentCatalog) openLog(part string) (*keylog.Log, error) {
+	l, cut, err := keylog.Open(filepath.Join(c.root(), part+shipmentLogExt))
+	if err != nil {
+		return nil, err
+	}
+	if cut > 0 {
+		c.log.Warn("cut a torn append off a shipment log", "path", l.Path(), "bytes", cut)
+	}
+	return l, nil
+}
+
+// migrate moves the legacy shipment files of a partition into its log:
+// each is appended (and synced) before its file is removed, so a crash
+// in between leaves both, the same.
+func (c *shipmentCatalog) migrate(part string, l *keylog.Log) ([]Shipment, error) {
+	dir := filepath.Join(c.root(), part)
+	ents, err := os.ReadDir(dir)
+	if err != nil {
+		return nil, err
+	}
+	var out []Shipment
+	for _, e := range ents {
+		if filepath.Ext(e.Name()) != ".json" {
+			continue
+		}
+		p := filepath.Join(dir, e.Name())
+		b, err := os.ReadFile(p)
+		if err != nil {
+			return nil, err
+		}
+		var s Shipment
+		if err := json.Unmarshal(b, &s); err != nil {
+			return nil, fmt.Errorf("shipment %s: %w", p, err)
+		}
+		s.Version = 1
+		v, err := json.Marshal(s)
+		if err != nil {
+			return nil, err
+		}
+		if err := l.Put(s.Key, v); err != nil {
+			return nil, err
+		}
+		if err := os.Remove(p); err != nil {
+			return nil, err
+		}
+		out = append(out, s)
+	}
+	if err := os.Remove(dir); err != nil {
+		return nil, fmt.Errorf("legacy shipments of %s: %w", part, err)
+	}
+	if len(out) > 0 {
+		c.log.Info("moved shipment files into the partition's shipment log", "partition", part, "shipments", len(out))
+	}
+	return out, nil
+}
 
 // get is the shipment of key in partition; an error for which
-// os.IsNotExist holds when there is none (as reading its file would).
+// os.IsNotExist holds when there is none.
 func (c *shipmentCatalog) get(partition, key string) (Shipment, error) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	if err := c.loadLocked(); err != nil {
 		return Shipment{}, err
 	}
-	s, ok := c.byPart[partition][shipmentName(key)]
+	s, ok := c.byPart[partition][key]
 	if !ok {
-		return Shipment{}, &os.PathError{Op: "read", Path: shipmentPath(c.dir(), partition, key), Err: os.ErrNotExist}
+		return Shipment{}, &os.PathError{Op: "shipment", Path: filepath.Join(c.root(), partition+shipmentLogExt) + ": " + key, Err: os.ErrNotExist}
 	}
 	return s, nil
 }
@@ -93,21 +178,32 @@ func (c *shipmentCatalog) has(partition, key string) bool {
 	return err == nil
 }
 
-// put writes s (durably, atomically) and keeps it.
+// put writes s (appended and synced) and keeps it.
 func (c *shipmentCatalog) put(s Shipment) error {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	if err := c.loadLocked(); err != nil {
 		return err
 	}
-	if err := writeShipment(c.dir(), s); err != nil {
+	s.Version = 1
+	b, err := json.Marshal(s)
+	if err != nil {
 		return err
 	}
-	s.Version = 1
+	l := c.logs[s.Partition]
+	if l == nil {
+		if l, err = c.openLog(s.Partition); err != nil {
+			return err
+		}
+		c.logs[s.Partition] = l
+	}
+	if err := l.Put(s.Key, b); err != nil {
+		return err
+	}
 	if c.byPart[s.Partition] == nil {
 		c.byPart[s.Partition] = map[string]Shipment{}
 	}
-	c.byPart[s.Partition][shipmentName(s.Key)] = s
+	c.byPart[s.Partition][s.Key] = s
 	return nil
 }
 
@@ -118,10 +214,15 @@ func (c *shipmentCatalog) remove(partition, key string) error {
 	if err := c.loadLocked(); err != nil {
 		return err
 	}
-	if err := os.Remove(shipmentPath(c.dir(), partition, key)); err != nil && !os.IsNotExist(err) {
-		return err
+	if l := c.logs[partition]; l != nil {
+		if err := l.Delete(key); err != nil {
+			return err
+		}
+		if l.Len() == 0 {
+			delete(c.logs, partition)
+		}
 	}
-	delete(c.byPart[partition], shipmentName(key))
+	delete(c.byPart[partition], key)
 	if len(c.byPart[partition]) == 0 {
 		delete(c.byPart, partition)
 	}

@@ -243,7 +243,7 @@ func New(cfg Config) (*Tierer, error) {
 	}
 	t := &Tierer{cfg: cfg, claims: newClaims(), handles: newHandles(), stop: make(chan struct{}), ready: make(chan struct{})}
 	t.moves = newMoves(t)
-	t.shipments = newShipmentCatalog(func() string { return t.cfg.StateDir })
+	t.shipments = newShipmentCatalog(func() string { return t.cfg.StateDir }, cfg.Log)
 	t.records = newRecords(cfg.Now)
 	t.scans = newPartScans(cfg.Log)
 	t.shipper, t.share, t.deleter, t.evictor = &shipper{t}, &storeIndex{t}, &deleter{t}, &evictor{t}

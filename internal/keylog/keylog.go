@@ -1,0 +1,424 @@
+// Package keylog keeps small values by key in one append-only file: a
+// put or a delete is one line appended and synced, the newest line of a
+// key wins, and the file is compacted (rewritten with only the live
+// lines) once most of it is dead. It replaces a directory of one small
+// file per key, where every value takes a file system block and every
+// write a create, an fsync and a rename.
+//
+// The format (docs/formats.md, "Keyed logs"): each line is the CRC32C of
+// its JSON, as 8 lowercase hex digits, a space, the JSON and a newline.
+// The JSON is {"k":key,"v":value} for a put and {"k":key} for a delete.
+// A last line that is cut short or does not match its CRC is a torn
+// append (a crash before its sync returned) and is cut off when the file
+// is opened; a bad line before the last is an error naming the file and
+// its offset.
+package keylog
+
+import (
+	"bytes"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"hash/crc32"
+	"io"
+	"os"
+	"path/filepath"
+	"sort"
+	"strconv"
+	"sync"
+)
+
+var castagnoli = crc32.MakeTable(crc32.Castagnoli)
+
+// MaxLine is the longest line a log holds (value, key and framing).
+const MaxLine = 1 << 20
+
+// compactAt is the size below which a log is never compacted.
+const compactAt = 32 << 10
+
+// FormatError is a bad line: the file and the byte offset it starts at.
+type FormatError struct {
+	Path   string
+	Offset int64
+	Why    string
+}
+
+func (e *FormatError) Error() string {
+	return fmt.Sprintf("%s: offset %d: %s", e.Path, e.Offset, e.Why)
+}
+
+type span struct{ off, n int64 } // a line
+
+// Log is one keyed log file. Its methods are safe for concurrent use.
+type Log struct {
+	path string
+
+	mu     sync.Mutex
+	at     map[string]span // each live key's line; GUARDED_BY(mu)
+	size   int64           // of the file; GUARDED_BY(mu)
+	live   int64           // bytes of live lines; GUARDED_BY(mu)
+	broken error           // a failed append that could not be undone; GUARDED_BY(mu)
+}
+
+type line struct {
+	K string          `json:"k"`
+	V json.RawMessage `json:"v,omitempty"`
+}
+
+// Open reads the log at path (none yet is an empty log) and cuts off a
+// torn last line, returning how many bytes it cut.
+func Open(path string) (*Log, int64, error) {
+	l := &Log{path: path, at: map[string]span{}}
+	b, err := os.ReadFile(path)
+	if errors.Is(err, os.ErrNotExist) {
+		return l, 0, nil
+	}
+	if err != nil {
+		return nil, 0, err
+	}
+	valid, err := l.parse(b, nil)
+	if err != nil {
+		return nil, 0, err
+	}
+	cut := int64(len(b)) - valid
+	if cut > 0 {
+		if err := os.Truncate(path, valid); err != nil {
+			return nil, 0, err
+		}
+		if err := syncPath(path); err != nil {
+			return nil, 0, err
+		}
+	}
+	l.size = valid
+	return l, cut, nil
+}
+
+// Parse reads the lines of a log's bytes (path names it in errors) and
+// calls fn for each, in order, with the value (nil for a delete). It
+// returns the length of the whole lines; a torn last line is not an
+// error.
+func Parse(path string, b []byte, fn func(key string, val []byte)) (valid int64, err error) {
+	l := &Log{path: path, at: map[string]span{}}
+	return l.parse(b, fn)
+}
+
+func (l *Log) parse(b []byte, fn func(key string, val []byte)) (int64, error) {
+	var off int64
+	for off < int64(len(b)) {
+		rest := b[off:]
+		nl := bytes.IndexByte(rest, '\n')
+		if nl < 0 {
+			return off, nil // torn: no newline yet
+		}
+		ln, err := decode(rest[:nl])
+		if err != nil {
+			if off+int64(nl)+1 == int64(len(b)) {
+				return off, nil // torn: the last line
+			}
+			return 0, &FormatError{Path: l.path, Offset: off, Why: err.Error()}
+		}
+		n := int64(nl) + 1
+		if old, ok := l.at[ln.K]; ok {
+			l.live -= old.n
+			delete(l.at, ln.K)
+		}
+		if ln.V != nil {
+			l.at[ln.K] = span{off, n}
+			l.live += n
+		}
+		if fn != nil {
+			fn(ln.K, ln.V)
+		}
+		off += n
+	}
+	return off, nil
+}
+
+// decode checks one line (without its newline).
+func decode(b []byte) (line, error) {
+	var ln line
+	if len(b) > MaxLine {
+		return ln, fmt.Errorf("line of %d bytes, more than %d", len(b), MaxLine)
+	}
+	if len(b) < 10 || b[8] != ' ' {
+		return ln, errors.New("not a CRC and a space")
+	}
+	want, err := strconv.ParseUint(string(b[:8]), 16, 32)
+	if err != nil {
+		return ln, fmt.Errorf("bad CRC %q", b[:8])
+	}
+	if got := crc32.Checksum(b[9:], castagnoli); uint32(want) != got {
+		return ln, fmt.Errorf("CRC32C %08x, line says %08x", got, want)
+	}
+	if err := json.Unmarshal(b[9:], &ln); err != nil {
+		return ln, fmt.Errorf("bad JSON: %v", err)
+	}
+	if ln.K == "" {
+		return ln, errors.New("no key")
+	}
+	if bytes.Equal(ln.V, []byte("null")) {
+		return ln, errors.New("a null value")
+	}
+	return ln, nil
+}
+
+func encode(key string, val []byte) ([]byte, error) {
+	j, err := json.Marshal(line{K: key, V: val})
+	if err != nil {
+		return nil, err
+	}
+	out := make([]byte, 0, len(j)+10)
+	out = fmt.Appendf(out, "%08x ", crc32.Checksum(j, castagnoli))
+	out = append(out, j...)
+	out = append(out, '\n')
+	if len(out)-1 > MaxLine {
+		return nil, fmt.Errorf("%s: a line of %d bytes for %s, more than %d", "keylog", len(out), key, MaxLine)
+	}
+	return out, nil
+}
+
+// Path is the log's file.
+func (l *Log) Path() string { return l.path }
+
+// Len is how many keys are live.
+func (l *Log) Len() int {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return len(l.at)
+}
+
+// Keys are the live keys, sorted.
+func (l *Log) Keys() []string {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	out := make([]string, 0, len(l.at))
+	for k := range l.at {
+		out = append(out, k)
+	}
+	sort.Strings(out)
+	return out
+}
+
+// Get is key's value, read from the file.
+func (l *Log) Get(key string) ([]byte, bool, error) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	sp, ok := l.at[key]
+	if !ok {
+		return nil, false, nil
+	}
+	ln, err := l.readLocked(sp)
+	if err != nil {
+		return nil, false, err
+	}
+	return ln.V, true, nil
+}
+
+func (l *Log) readLocked(sp span) (line, error) {
+	f, err := os.Open(l.path)
+	if err != nil {
+		return line{}, err
+	}
+	defer f.Close()
+	b := make([]byte, sp.n)
+	if _, err := f.ReadAt(b, sp.off); err != nil {
+		return line{}, fmt.Errorf("%s: offset %d: %w", l.path, sp.off, err)
+	}
+	ln, err := decode(b[:len(b)-1])
+	if err != nil {
+		return line{}, &FormatError{Path: l.path, Offset: sp.off, Why: err.Error()}
+	}
+	return ln, nil
+}
+
+// Each calls fn with every live key and value, in the file's order.
+func (l *Log) Each(fn func(key string, val []byte) error) error {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	spans := make([]struct {
+		k string
+		s span
+	}, 0, len(l.at))
+	for k, s := range l.at {
+		spans = append(spans, struct {
+			k string
+			s span
+		}{k, s})
+	}
+	sort.Slice(spans, func(i, j int) bool { return spans[i].s.off < spans[j].s.off })
+	if len(spans) == 0 {
+		return nil
+	}
+	b, err := os.ReadFile(l.path)
+	if err != nil {
+		return err
+	}
+	for _, x := range spans {
+		if x.s.off+x.s.n > int64(len(b)) {
+			return &FormatError{Path: l.path, Offset: x.s.off, Why: "past the end of the file"}
+		}
+		ln, err := decode(b[x.s.off : x.s.off+x.s.n-1])
+		if err != nil {
+			return &FormatError{Path: l.path, Offset: x.s.off, Why: err.Error()}
+		}
+		if err := fn(x.k, ln.V); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// Put appends key's value (JSON) and syncs it.
+func (l *Log) Put(key string, val []byte) error {
+	if len(val) == 0 || !json.Valid(val) || bytes.Equal(val, []byte("null")) {
+		return fmt.Errorf("%s: value of %s is not a JSON value", l.path, key)
+	}
+	return l.write(key, val)
+}
+
+// Delete appends key's removal, if it is live. A log left with no key
+// is removed.
+func (l *Log) Delete(key string) error {
+	l.mu.Lock()
+	_, ok := l.at[key]
+	l.mu.Unlock()
+	if !ok {
+		return nil
+	}
+	return l.write(key, nil)
+}
+
+func (l *Log) write(key string, val []byte) error {
+	b, err := encode(key, val)
+	if err != nil {
+		return err
+	}
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if l.broken != nil {
+		return l.broken
+	}
+	if val == nil && len(l.at) == 1 {
+		if _, ok := l.at[key]; ok {
+			// The last key goes: so does the file.
+			if err := os.Remove(l.path); err != nil && !errors.Is(err, os.ErrNotExist) {
+				return err
+			}
+			if err := syncPath(filepath.Dir(l.path)); err != nil {
+				return err
+			}
+			l.at, l.size, l.live = map[string]span{}, 0, 0
+			return nil
+		}
+	}
+	created := l.size == 0
+	if created {
+		if err := os.MkdirAll(filepath.Dir(l.path), 0o755); err != nil {
+			return err
+		}
+	}
+	f, err := os.OpenFile(l.path, os.O_WRONLY|os.O_CREATE, 0o644)
+	if err != nil {
+		return err
+	}
+	defer f.Close()
+	if _, err := f.WriteAt(b, l.size); err != nil {
+		return l.undo(f, err)
+	}
+	if err := f.Sync(); err != nil {
+		return l.undo(f, err)
+	}
+	if created {
+		if err := syncPath(filepath.Dir(l.path)); err != nil {
+			return err
+		}
+	}
+	n := int64(len(b))
+	if old, ok := l.at[key]; ok {
+		l.live -= old.n
+		delete(l.at, key)
+	}
+	if val != nil {
+		l.at[key] = span{l.size, n}
+		l.live += n
+	}
+	l.size += n
+	if l.size > compactAt && l.size > 2*l.live {
+		return l.compactLocked()
+	}
+	return nil
+}
+
+// undo cuts a failed append off; if that fails too, the log takes no
+// more writes (a line after a torn one would make the file unreadable).
+func (l *Log) undo(f *os.File, err error) error {
+	if terr := f.Truncate(l.size); terr != nil {
+		l.broken = fmt.Errorf("%s: an append failed (%v) and could not be cut off: %w", l.path, err, terr)
+		return l.broken
+	}
+	return fmt.Errorf("%s: append: %w", l.path, err)
+}
+
+// compactLocked rewrites the file with only the live lines, beside it,
+// and renames it over.
+func (l *Log) compactLocked() error {
+	old, err := os.ReadFile(l.path)
+	if err != nil {
+		return err
+	}
+	keys := make([]string, 0, len(l.at))
+	for k := range l.at {
+		keys = append(keys, k)
+	}
+	sort.Slice(keys, func(i, j int) bool { return l.at[keys[i]].off < l.at[keys[j]].off })
+	out := make([]byte, 0, l.live)
+	at := make(map[string]span, len(keys))
+	for _, k := range keys {
+		sp := l.at[k]
+		if sp.off+sp.n > int64(len(old)) {
+			return &FormatError{Path: l.path, Offset: sp.off, Why: "past the end of the file"}
+		}
+		at[k] = span{int64(len(out)), sp.n}
+		out = append(out, old[sp.off:sp.off+sp.n]...)
+	}
+	tmp := l.path + ".compact"
+	f, err := os.OpenFile(tmp, os.O_WRONLY|os.O_CREATE|os.O_TRUNC, 0o644)
+	if err != nil {
+		return err
+	}
+	if _, err := f.Write(out); err != nil {
+		f.Close()
+		os.Remove(tmp)
+		return err
+	}
+	if err := f.Sync(); err != nil {
+		f.Close()
+		os.Remove(tmp)
+		return err
+	}
+	if err := f.Close(); err != nil {
+		os.Remove(tmp)
+		return err
+	}
+	if err := os.Rename(tmp, l.path); err != nil {
+		os.Remove(tmp)
+		return err
+	}
+	if err := syncPath(filepath.Dir(l.path)); err != nil {
+		return err
+	}
+	l.at, l.size, l.live = at, int64(len(out)), int64(len(out))
+	return nil
+}
+
+func syncPath(p string) error {
+	f, err := os.Open(p)
+	if err != nil {
+		return err
+	}
+	defer f.Close()
+	if err := f.Sync(); err != nil && !errors.Is(err, io.EOF) {
+		return err
+	}
+	return nil
+}

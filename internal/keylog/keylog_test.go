@@ -1,0 +1,203 @@
+package keylog
+
+import (
+	"errors"
+	"fmt"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+)
+
+func open(t *testing.T, p string) *Log {
+	t.Helper()
+	l, cut, err := Open(p)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if cut != 0 {
+		t.Fatalf("cut %d bytes", cut)
+	}
+	return l
+}
+
+func get(t *testing.T, l *Log, k string) string {
+	t.Helper()
+	v, ok, err := l.Get(k)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !ok {
+		return "<none>"
+	}
+	return string(v)
+}
+
+func TestPutGetDeleteReopen(t *testing.T) {
+	p := filepath.Join(t.TempDir(), "sub", "a.klog")
+	l := open(t, p)
+	if get(t, l, "x") != "<none>" || l.Len() != 0 {
+		t.Fatal("empty log has a key")
+	}
+	for _, kv := range [][2]string{{"x", `{"n":1}`}, {"y", `"two"`}, {"x", `{"n":3}`}, {"z", `[1,2]`}} {
+		if err := l.Put(kv[0], []byte(kv[1])); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := l.Delete("y"); err != nil {
+		t.Fatal(err)
+	}
+	if err := l.Delete("never"); err != nil {
+		t.Fatal(err)
+	}
+	check := func(l *Log) {
+		t.Helper()
+		if get(t, l, "x") != `{"n":3}` || get(t, l, "y") != "<none>" || get(t, l, "z") != `[1,2]` {
+			t.Fatalf("x=%s y=%s z=%s", get(t, l, "x"), get(t, l, "y"), get(t, l, "z"))
+		}
+		if fmt.Sprint(l.Keys()) != "[x z]" {
+			t.Fatalf("keys %v", l.Keys())
+		}
+		var seen []string
+		l.Each(func(k string, v []byte) error { seen = append(seen, k+"="+string(v)); return nil })
+		if fmt.Sprint(seen) != `[x={"n":3} z=[1,2]]` {
+			t.Fatalf("each %v", seen)
+		}
+	}
+	check(l)
+	check(open(t, p))
+	for _, bad := range []string{"", "null", "{", "x"} {
+		if err := l.Put("k", []byte(bad)); err == nil {
+			t.Fatalf("put %q: no error", bad)
+		}
+	}
+	// The last key deleted takes the file with it.
+	l.Delete("x")
+	l.Delete("z")
+	if _, err := os.Stat(p); !errors.Is(err, os.ErrNotExist) {
+		t.Fatalf("empty log left a file: %v", err)
+	}
+	if err := l.Put("again", []byte("1")); err != nil || get(t, open(t, p), "again") != "1" {
+		t.Fatalf("put after empty: %v", err)
+	}
+}
+
+// A torn last line (a crash during an append) is cut at open; a bad line
+// before the last is an error that names the file and its offset.
+func TestTornAndBadLines(t *testing.T) {
+	p := filepath.Join(t.TempDir(), "a.klog")
+	l := open(t, p)
+	l.Put("a", []byte("1"))
+	l.Put("b", []byte("2"))
+	good, _ := os.ReadFile(p)
+	next, _ := encode("c", []byte("3"))
+	for name, tail := range map[string][]byte{
+		"cut short":       next[:len(next)-4],
+		"no newline":      next[:len(next)-1],
+		"bad crc at end":  append([]byte("ffffffff"), next[8:]...),
+		"junk at the end": []byte("junk\n"),
+	} {
+		t.Run(name, func(t *testing.T) {
+			b := append(append([]byte{}, good...), tail...)
+			os.WriteFile(p, b, 0o644)
+			l, cut, err := Open(p)
+			if err != nil || cut != int64(len(tail)) {
+				t.Fatalf("cut %d of %d, %v", cut, len(tail), err)
+			}
+			if fi, _ := os.Stat(p); fi.Size() != int64(len(good)) {
+				t.Fatalf("file is %d bytes after the cut, want %d", fi.Size(), len(good))
+			}
+			if get(t, l, "a") != "1" || get(t, l, "b") != "2" {
+				t.Fatal("lost a whole line")
+			}
+			// Appends go on after the cut.
+			l.Put("c", []byte("3"))
+			if get(t, open(t, p), "c") != "3" {
+				t.Fatal("append after a cut")
+			}
+		})
+	}
+	// A bad line in the middle.
+	first := strings.Index(string(good), "\n") + 1
+	b := append([]byte("00000000 {\"k\":\"x\"}\n"), good...)
+	os.WriteFile(p, b, 0o644)
+	_, _, err := Open(p)
+	var fe *FormatError
+	if !errors.As(err, &fe) || fe.Offset != 0 || !strings.Contains(err.Error(), p+": offset 0: CRC32C") {
+		t.Fatalf("bad first line: %v", err)
+	}
+	b = append(append(append([]byte{}, good[:first]...), []byte("not a line\n")...), good[first:]...)
+	os.WriteFile(p, b, 0o644)
+	if _, _, err := Open(p); !errors.As(err, &fe) || fe.Offset != int64(first) {
+		t.Fatalf("bad second line: %v", err)
+	}
+}
+
+// Once most of the file is dead lines, it is rewritten with the live
+// ones only, and reads and reopens see the same values.
+func TestCompaction(t *testing.T) {
+	p := filepath.Join(t.TempDir(), "a.klog")
+	l := open(t, p)
+	val := []byte(`"` + strings.Repeat("v", 200) + `"`)
+	for i := range 2000 {
+		if err := l.Put(fmt.Sprintf("k%d", i%10), val); err != nil {
+			t.Fatal(err)
+		}
+	}
+	fi, _ := os.Stat(p)
+	if fi.Size() > 2*compactAt {
+		t.Fatalf("2000 puts of 10 keys left %d bytes", fi.Size())
+	}
+	r := open(t, p)
+	if r.Len() != 10 || get(t, r, "k7") != string(val) || get(t, l, "k3") != string(val) {
+		t.Fatalf("after compaction: %d keys", r.Len())
+	}
+	if _, err := os.Stat(p + ".compact"); !errors.Is(err, os.ErrNotExist) {
+		t.Fatal("compaction left its temporary file")
+	}
+}
+
+func FuzzParse(f *testing.F) {
+	var seed []byte
+	for _, kv := range [][2]string{{"a", "1"}, {"b", `{"x":[1]}`}} {
+		b, _ := encode(kv[0], []byte(kv[1]))
+		seed = append(seed, b...)
+	}
+	d, _ := encode("a", nil)
+	seed = append(seed, d...)
+	f.Add(seed)
+	f.Add([]byte("00000000 {}\n"))
+	f.Fuzz(func(t *testing.T, b []byte) {
+		keys := map[string]string{}
+		valid, err := Parse("fuzz", b, func(k string, v []byte) {
+			if v == nil {
+				delete(keys, k)
+			} else {
+				keys[k] = string(v)
+			}
+		})
+		if err != nil {
+			var fe *FormatError
+			if !errors.As(err, &fe) || fe.Path != "fuzz" || fe.Offset < 0 || fe.Offset >= int64(len(b)) {
+				t.Fatalf("error without file and offset: %v", err)
+			}
+			return
+		}
+		if valid < 0 || valid > int64(len(b)) {
+			t.Fatalf("valid %d of %d", valid, len(b))
+		}
+		// What parsed encodes again to lines that parse to the same.
+		var again []byte
+		for k, v := range keys {
+			e, err := encode(k, []byte(v))
+			if err != nil {
+				return // too long to write back: fine
+			}
+			again = append(again, e...)
+		}
+		got := map[string]string{}
+		if _, err := Parse("again", again, func(k string, v []byte) { got[k] = string(v) }); err != nil || len(got) != len(keys) {
+			t.Fatalf("round trip: %v, %d of %d keys", err, len(got), len(keys))
+		}
+	})
+}
