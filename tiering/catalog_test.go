@@ -177,7 +177,7 @@ func TestIdlePassReadsNothing(t *testing.T) {
 	// pass that read one would fail.
 	ships, _ := tr.shipments.all()
 	for _, s := range ships {
-		os.WriteFile(filepath.Join(tr.cfg.StateDir, "shipments", s.Partition+shipmentLogExt), []byte("junk\njunk\n"), 0o644)
+		os.WriteFile(filepath.Join(tr.cfg.StateDir, "shipments", s.Partition+keyLogExt), []byte("junk\njunk\n"), 0o644)
 	}
 	n := tr.records.size()
 	if n < len(ships) {
@@ -290,5 +290,82 @@ func TestTouchUnsettles(t *testing.T) {
 	}
 	if _, has, _ := readRecord(segs[0]); has {
 		t.Fatal("the changed segment's stale copy is still recorded")
+	}
+}
+
+// A state dir an older version wrote (one file per shipment and per
+// manifest copy, records naming their manifest file) keeps working: a
+// new tierer reads every evicted file back, ships nothing again, and
+// moves the files into the partitions' logs.
+func TestLegacyStateDirKeepsWorking(t *testing.T) {
+	root, _, sums := logDir(t)
+	s := store.NewMem(nil)
+	tr := newTierer(t, root, s, 1)
+	if rep := mustPass(t, tr); rep.Evicted == 0 {
+		t.Fatalf("first pass: %+v", rep)
+	}
+	state := tr.cfg.StateDir
+	ships, _ := tr.shipments.all()
+	tr.Close()
+	// Rewrite the state as the old layout had it.
+	type legacy struct{ path, key string }
+	var mans []legacy
+	for _, sh := range ships {
+		mans = append(mans, legacy{filepath.Join(state, "manifests", sh.Partition, filepath.Base(sh.Key)+".json"), sh.Key})
+	}
+	for _, sh := range ships {
+		sh.Manifest = filepath.Join("manifests", sh.Partition, filepath.Base(sh.Key)+".json")
+		b, _ := json.Marshal(sh)
+		p := filepath.Join(state, "shipments", sh.Partition, filepath.Base(sh.Key)+".json")
+		os.MkdirAll(filepath.Dir(p), 0o755)
+		if err := os.WriteFile(p, b, 0o644); err != nil {
+			t.Fatal(err)
+		}
+	}
+	old := newTierer(t, root, s, 1)
+	for _, m := range mans {
+		mf, err := old.manifests.get(m.key)
+		if err != nil {
+			t.Fatal(err)
+		}
+		b, _ := json.Marshal(mf)
+		os.MkdirAll(filepath.Dir(m.path), 0o755)
+		os.WriteFile(m.path, b, 0o644)
+	}
+	old.Close()
+	klogs, _ := filepath.Glob(filepath.Join(state, "*", "*"+keyLogExt))
+	for _, p := range klogs {
+		os.Remove(p)
+	}
+	for path := range sums {
+		if rec, has, _ := readRecord(path); has {
+			rec.Manifest = filepath.Join("manifests", filepath.Base(filepath.Dir(path)), filepath.Base(rec.Key)+".json")
+			writeRecord(path, rec)
+		}
+	}
+
+	tr2 := newTierer(t, root, s, 1)
+	remote := 0
+	for path, sum := range sums {
+		if st, _, _ := tr2.copies.stateOf(path); st == StateRemote {
+			remote++
+			if sha(readAll(t, tr2, path)) != sum {
+				t.Fatalf("%s reads back otherwise", path)
+			}
+		}
+	}
+	if remote == 0 {
+		t.Fatal("nothing evicted to read back")
+	}
+	if rep := mustPass(t, tr2); rep.Shipped != 0 || rep.Deleted != 0 {
+		t.Fatalf("pass over the old layout: %+v", rep)
+	}
+	left, _ := filepath.Glob(filepath.Join(state, "shipments", "*", "*.json"))
+	lm, _ := filepath.Glob(filepath.Join(state, "manifests", "*", "*.json"))
+	if left = append(left, lm...); len(left) != 0 {
+		t.Fatalf("legacy files left: %v", left)
+	}
+	if all, _ := tr2.shipments.all(); len(all) != len(ships) {
+		t.Fatalf("%d shipments after the move, want %d", len(all), len(ships))
 	}
 }

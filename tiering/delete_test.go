@@ -147,7 +147,7 @@ func TestBrokerDeletionDeletesRemoteCopy(t *testing.T) {
 	if sha(readAll(t, tr, shipped)) != sums[shipped] {
 		t.Fatal("the other segment no longer reads back")
 	}
-	if _, err := os.Stat(filepath.Join(root, ".tierfs", rec.Manifest)); !os.IsNotExist(err) {
+	if _, err := tr.manifests.get(rec.Key); !os.IsNotExist(err) {
 		t.Fatalf("manifest copy left: %v", err)
 	}
 	if rep := mustPass(t, tr); rep.Deleted != 0 {
@@ -311,8 +311,11 @@ func TestRewrittenSegmentEmpty(t *testing.T) {
 	os.Chtimes(seg, past, past)
 	mustPass(t, tr)
 	rec, has, _ := readRecord(seg)
-	if !has || rec.State != StateRemote || rec.Manifest == "" || len(rec.Extents) != 0 || rec.Size != 0 {
+	if !has || rec.State != StateRemote || len(rec.Extents) != 0 || rec.Size != 0 {
 		t.Fatalf("record of the empty segment: %+v %v", rec, has)
+	}
+	if m, err := tr.manifests.get(rec.Key); err != nil || m.Size != 0 {
+		t.Fatalf("manifest copy of the empty segment: %+v %v", m, err)
 	}
 	os.Remove(seg + ".deleted")
 	if rep := mustPass(t, tr); rep.Deleted != 1 {

@@ -6,7 +6,6 @@ import (
 	"fmt"
 	"io"
 	"os"
-	"path/filepath"
 	"sort"
 	"syscall"
 	"time"
@@ -79,24 +78,13 @@ func (cs *copies) objectManifest(key, etag string) (*chunkxfer.Manifest, error) 
 		return nil, err
 	}
 	if etag != "" && m.ETag != etag {
-		return nil, fmt.Errorf("manifest %s is not of %s (etag %s)", manifestRel(key), key, etag)
+		return nil, fmt.Errorf("the manifest copy of %s is of etag %s, not %s", key, m.ETag, etag)
 	}
 	return m, nil
 }
 
 func (cs *copies) localManifest(key string) (*chunkxfer.Manifest, error) {
-	b, err := os.ReadFile(filepath.Join(cs.t.cfg.StateDir, manifestRel(key)))
-	if err != nil {
-		return nil, err
-	}
-	m, err := chunkxfer.ParseManifest(b)
-	if err != nil {
-		return nil, err
-	}
-	if m.Key != key {
-		return nil, fmt.Errorf("manifest %s is not of %s", manifestRel(key), key)
-	}
-	return m, nil
+	return cs.t.manifests.get(key)
 }
 
 // fetchManifest is the local copy of key's manifest, or else the
@@ -110,7 +98,7 @@ func (cs *copies) fetchManifest(ctx context.Context, key string) (*chunkxfer.Man
 	if err != nil {
 		return nil, err
 	}
-	return m, writeManifestCopy(filepath.Join(cs.t.cfg.StateDir, manifestRel(key)), m)
+	return m, cs.t.manifests.put(m)
 }
 
 // remoteSource is a file's bytes in the store: its own object, or its

@@ -99,7 +99,7 @@ func (mr *mirror) Mirror(ctx context.Context) MirrorReport {
 			rep.Errors = append(rep.Errors, err)
 			continue
 		}
-		os.Remove(mr.mirrorManifestPath(key))
+		mr.t.manifests.remove(key)
 		delete(have, rel)
 		rep.Removed++
 		os.Remove(filepath.Join(mr.t.cfg.Root, path.Dir(rel))) // the partition dir, once empty
@@ -123,7 +123,7 @@ func (mr *mirror) Mirror(ctx context.Context) MirrorReport {
 			continue
 		}
 		if old := have[rel]; old != "" {
-			os.Remove(mr.mirrorManifestPath(old)) // the version it replaced
+			mr.t.manifests.remove(old) // the version it replaced
 		}
 		have[rel] = o.Key
 		rep.Added++
@@ -141,10 +141,6 @@ func (mr *mirror) saveCatalog(c mirrorCatalog) error {
 		return err
 	}
 	return writeFileAtomic(mr.catalogPath(), b)
-}
-
-func (mr *mirror) mirrorManifestPath(key string) string {
-	return filepath.Join(mr.t.cfg.StateDir, manifestRel(key))
 }
 
 // wantedFiles picks, from a listing of the store, the files of a log dir:
@@ -262,11 +258,10 @@ func (mr *mirror) mirrorFile(ctx context.Context, rel string, o store.ObjectInfo
 		if err := syscall.Fstat(int(f.Fd()), &st); err != nil {
 			return err
 		}
-		manRel := manifestRel(o.Key)
-		if err := writeManifestCopy(mr.mirrorManifestPath(o.Key), m); err != nil {
+		if err := mr.t.manifests.put(m); err != nil {
 			return err
 		}
-		rec := Record{State: StateRemote, Key: o.Key, ETag: m.ETag, Size: m.Size, MtimeNs: mtime.UnixNano(), Ino: st.Ino, Manifest: manRel, Freed: true}
+		rec := Record{State: StateRemote, Key: o.Key, ETag: m.ETag, Size: m.Size, MtimeNs: mtime.UnixNano(), Ino: st.Ino, Freed: true}
 		if err := writeRecord(tmp, rec); err != nil {
 			return err
 		}

@@ -1,12 +1,8 @@
 package tiering
 
 import (
-	"os"
-	"path/filepath"
 	"slices"
 	"sort"
-
-	"github.com/tierfs/tierfs/chunkxfer"
 )
 
 // Origin is who shipped one of a partition's segments: the brokers
@@ -43,10 +39,8 @@ func (t *Tierer) Origins(partition string) ([]Origin, error) {
 			by := self
 			if isRefKey(k) {
 				by = "?"
-				if b, err := os.ReadFile(filepath.Join(t.cfg.StateDir, manifestRel(refTarget(k)))); err == nil {
-					if m, err := chunkxfer.ParseManifest(b); err == nil && m.Broker != "" {
-						by = m.Broker
-					}
+				if m, err := t.manifests.get(refTarget(k)); err == nil && m.Broker != "" {
+					by = m.Broker
 				}
 			} else if k == s.Key {
 				o.Uploaded = true

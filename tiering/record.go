@@ -33,7 +33,7 @@ type Record struct {
 	Size     int64        `json:"size"`     // of the file when shipped
 	MtimeNs  int64        `json:"mtime_ns"` // restored after the hole punch
 	Ino      uint64       `json:"ino"`
-	Manifest string       `json:"manifest"` // local copy of the manifest, relative to the state dir
+	Manifest string       `json:"manifest,omitempty"` // versions before 2026-12: the local manifest copy's file, relative to the state dir (now in the partition's manifest log, by Key)
 	// Freed is set once a remote file's bytes were punched out and its
 	// mtime restored; a remote record without it is an eviction that a
 	// crash interrupted.

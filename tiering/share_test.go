@@ -372,7 +372,7 @@ func testBrokersShareTheStore(t *testing.T, s store.Store) {
 		t.Fatalf("references to %s: %v", rec1.Key, refs)
 	}
 	checkReplica(t, t2, b2)
-	if _, err := os.Stat(filepath.Join(b2.root, ".tierfs", manifestRel(rec1.Key))); err != nil {
+	if _, err := t2.manifests.get(rec1.Key); err != nil {
 		t.Fatalf("broker 2 has no copy of the manifest of %s it reads from: %v", rec1.Key, err)
 	}
 	// The others delete theirs (broker 2 the first two: its second also
@@ -385,8 +385,8 @@ func testBrokersShareTheStore(t *testing.T, s store.Store) {
 	if refs := objects(t, s, rec1.Key+".refs/"); len(refs) != 0 {
 		t.Fatalf("references left: %v", refs)
 	}
-	for _, r := range []*replica{b2, b3} {
-		if _, err := os.Stat(filepath.Join(r.root, ".tierfs", manifestRel(rec1.Key))); !os.IsNotExist(err) {
+	for r, tr := range map[*replica]*Tierer{b2: t2, b3: t3} {
+		if _, err := tr.manifests.get(rec1.Key); !os.IsNotExist(err) {
 			t.Errorf("broker %s keeps its copy of the manifest of %s: %v", r.id, rec1.Key, err)
 		}
 	}
@@ -582,7 +582,9 @@ func TestHydrateAMappedSegment(t *testing.T) {
 	// other file that read from those objects, while this one was being
 	// mapped): reads fetch them again.
 	for _, e := range rec.Extents {
-		os.Remove(filepath.Join(b2.root, ".tierfs", manifestRel(e.Key)))
+		if err := t2.manifests.remove(e.Key); err != nil {
+			t.Fatal(err)
+		}
 	}
 	if sha(readAll(t, t2, p)) != sha(b2.want(1)) {
 		t.Fatal("without its manifest copies, the segment reads otherwise")

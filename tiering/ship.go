@@ -400,8 +400,7 @@ func (sp *shipper) shipRest(ctx context.Context, seg Segment, st *syscall.Stat_t
 		defer sp.t.claims.release(objectClaim(key))
 	}
 	holder := holderOf(key)
-	manRel := manifestRel(key)
-	sh, err := sp.startShipment(seg, st, key, manRel, from, refsOf(extentKeys(cov.Extents), holder))
+	sh, err := sp.startShipment(seg, st, key, from, refsOf(extentKeys(cov.Extents), holder))
 	if err != nil {
 		return err
 	}
@@ -440,14 +439,14 @@ func (sp *shipper) shipRest(ctx context.Context, seg Segment, st *syscall.Stat_t
 	case err != nil:
 		return err
 	}
-	if err := writeManifestCopy(filepath.Join(sp.t.cfg.StateDir, manRel), m); err != nil {
+	if err := sp.t.manifests.put(m); err != nil {
 		return err
 	}
 	// The file must still be what was uploaded.
 	if err := sameFile(seg.Path, st); err != nil {
 		return err
 	}
-	rec := Record{State: StateShipped, Key: key, ETag: m.ETag, Size: st.Size, MtimeNs: st.Mtim.Nano(), Ino: st.Ino, Manifest: manRel}
+	rec := Record{State: StateShipped, Key: key, ETag: m.ETag, Size: st.Size, MtimeNs: st.Mtim.Nano(), Ino: st.Ino}
 	if from > 0 {
 		rec.Extents = append(slices.Clone(cov.Extents), Extent{Pos: from, Len: st.Size - from, Key: key, ETag: m.ETag})
 	}
@@ -508,7 +507,7 @@ func (sp *shipper) putBatchList(ctx context.Context, seg Segment, key string, fr
 // object of its bytes from position from, its batch list and remote
 // indexes, for a whole segment its index files too, and refs, the
 // references it takes on other brokers' objects.
-func (sp *shipper) startShipment(seg Segment, st *syscall.Stat_t, key, manRel string, from int64, refs []string) (Shipment, error) {
+func (sp *shipper) startShipment(seg Segment, st *syscall.Stat_t, key string, from int64, refs []string) (Shipment, error) {
 	if sh, err := sp.t.shipments.get(seg.Partition, key); err == nil {
 		if sh.State == ShipmentDeleting {
 			return sh, fmt.Errorf("%s: its remote copy is being deleted", seg.Path)
@@ -517,7 +516,7 @@ func (sp *shipper) startShipment(seg Segment, st *syscall.Stat_t, key, manRel st
 	} else if !os.IsNotExist(err) {
 		return sh, err
 	}
-	sh := Shipment{State: ShipmentShipping, Partition: seg.Partition, Base: seg.Base, Key: key, Manifest: manRel, Ino: st.Ino, Since: sp.t.cfg.Now()}
+	sh := Shipment{State: ShipmentShipping, Partition: seg.Partition, Base: seg.Base, Key: key, Ino: st.Ino, Since: sp.t.cfg.Now()}
 	var err error
 	if sh.HandleType, sh.Handle, err = fileHandle(seg.Path); err != nil {
 		sp.t.cfg.Log.Debug("no file handle", "segment", seg.Path, "err", err)

@@ -36,9 +36,9 @@ type Shipment struct {
 	State     ShipmentState `json:"state"` // shipping, shipped or deleting
 	Partition string        `json:"partition"`
 	Base      int64         `json:"base"`
-	Key       string        `json:"key"`      // the .log object
-	Objects   []string      `json:"objects"`  // every object, manifests included
-	Manifest  string        `json:"manifest"` // the local manifest copy, relative to the state dir
+	Key       string        `json:"key"`                // the .log object
+	Objects   []string      `json:"objects"`            // every object, manifests included
+	Manifest  string        `json:"manifest,omitempty"` // versions before 2026-12: the local manifest copy's file (now in the partition's manifest log)
 	Ino       uint64        `json:"ino"`
 	// Handle is the file's handle (name_to_handle_at): it opens the inode
 	// while it exists, under any name or none (unlinked but still open),
@@ -288,10 +288,8 @@ func (dl *deleter) deleteShipment(ctx context.Context, s Shipment, baseInUse boo
 			dropped = append(dropped, refTarget(k))
 		}
 	}
-	if s.Manifest != "" {
-		if err := os.Remove(filepath.Join(dl.t.cfg.StateDir, s.Manifest)); err != nil && !os.IsNotExist(err) {
-			return err
-		}
+	if err := dl.t.manifests.remove(s.Key); err != nil {
+		return err
 	}
 	if err := dl.t.shipments.remove(s.Partition, s.Key); err != nil {
 		return err
@@ -310,7 +308,9 @@ func (dl *deleter) deleteShipment(ctx context.Context, s Shipment, baseInUse boo
 		}
 		for _, k := range dropped {
 			if !still[k] {
-				os.Remove(filepath.Join(dl.t.cfg.StateDir, manifestRel(k)))
+				if err := dl.t.manifests.remove(k); err != nil {
+					return err
+				}
 			}
 		}
 	}

@@ -36,7 +36,8 @@ func newShipmentCatalog(dir func() string, log *slog.Logger) *shipmentCatalog {
 	return &shipmentCatalog{dir: dir, log: log, byPart: map[string]map[string]Shipment{}, logs: map[string]*keylog.Log{}}
 }
 
-const shipmentLogExt = ".klog"
+// keyLogExt ends the name of a keyed log (internal/keylog) in the state dir.
+const keyLogExt = ".klog"
 
 func (c *shipmentCatalog) root() string { return filepath.Join(c.dir(), "shipments") }
 
@@ -58,7 +59,7 @@ func (c *shipmentCatalog) loadLocked() error {
 		byPart[part][s.Key] = s
 	}
 	for _, e := range ents {
-		if part, ok := strings.CutSuffix(e.Name(), shipmentLogExt); ok && e.Type().IsRegular() {
+		if part, ok := strings.CutSuffix(e.Name(), keyLogExt); ok && e.Type().IsRegular() {
 			l, err := c.openLog(part)
 			if err != nil {
 				return err
@@ -102,7 +103,7 @@ func (c *shipmentCatalog) loadLocked() error {
 }
 
 func (c *shipmentCatalog) openLog(part string) (*keylog.Log, error) {
-	l, cut, err := keylog.Open(filepath.Join(c.root(), part+shipmentLogExt))
+	l, cut, err := keylog.Open(filepath.Join(c.root(), part+keyLogExt))
 	if err != nil {
 		return nil, err
 	}
@@ -167,7 +168,7 @@ func (c *shipmentCatalog) get(partition, key string) (Shipment, error) {
 	}
 	s, ok := c.byPart[partition][key]
 	if !ok {
-		return Shipment{}, &os.PathError{Op: "shipment", Path: filepath.Join(c.root(), partition+shipmentLogExt) + ": " + key, Err: os.ErrNotExist}
+		return Shipment{}, &os.PathError{Op: "shipment", Path: filepath.Join(c.root(), partition+keyLogExt) + ": " + key, Err: os.ErrNotExist}
 	}
 	return s, nil
 }

@@ -2,7 +2,6 @@ package tiering
 
 import (
 	"context"
-	"encoding/json"
 	"errors"
 	"fmt"
 	"log/slog"
@@ -122,6 +121,7 @@ type Tierer struct {
 	claims    *claims
 	handles   *handles
 	shipments *shipmentCatalog
+	manifests *manifestCopies
 	records   *records
 	scans     *partScans
 	moves     *moves
@@ -244,6 +244,7 @@ func New(cfg Config) (*Tierer, error) {
 	t := &Tierer{cfg: cfg, claims: newClaims(), handles: newHandles(), stop: make(chan struct{}), ready: make(chan struct{})}
 	t.moves = newMoves(t)
 	t.shipments = newShipmentCatalog(func() string { return t.cfg.StateDir }, cfg.Log)
+	t.manifests = newManifestCopies(func() string { return t.cfg.StateDir }, cfg.Log)
 	t.records = newRecords(cfg.Now)
 	t.scans = newPartScans(cfg.Log)
 	t.shipper, t.share, t.deleter, t.evictor = &shipper{t}, &storeIndex{t}, &deleter{t}, &evictor{t}
@@ -433,20 +434,6 @@ func fileExists(p string) bool {
 	return err == nil
 }
 
-// manifestRel is where the local copy of the manifest of key lives,
-// relative to the state dir: manifests/<partition>/<object>.json.
-func manifestRel(key string) string {
-	return filepath.Join("manifests", filepath.Dir(key), filepath.Base(key)+".json")
-}
-
-func writeManifestCopy(path string, m *chunkxfer.Manifest) error {
-	b, err := json.Marshal(m)
-	if err != nil {
-		return err
-	}
-	return writeFileAtomic(path, b)
-}
-
 // maxIndexTries is how many times index appends an object's entries
 // before it leaves the rest to the next pass.
 const maxIndexTries = 5
@@ -477,16 +464,12 @@ func (cs *copies) loadManifest(rec Record) (*chunkxfer.Manifest, error) {
 	if err := cs.t.waitReady(); err != nil {
 		return nil, err
 	}
-	b, err := os.ReadFile(filepath.Join(cs.t.cfg.StateDir, rec.Manifest))
+	m, err := cs.t.manifests.get(rec.Key)
 	if err != nil {
 		return nil, err
 	}
-	m, err := chunkxfer.ParseManifest(b)
-	if err != nil {
-		return nil, err
-	}
-	if m.Key != rec.Key || m.ETag != rec.ETag || m.Size != rec.Size {
-		return nil, fmt.Errorf("manifest %s is not of %s (etag %s)", rec.Manifest, rec.Key, rec.ETag)
+	if m.ETag != rec.ETag || m.Size != rec.Size {
+		return nil, fmt.Errorf("the manifest copy of %s is of etag %s, %d bytes; the file's record says etag %s, %d bytes", rec.Key, m.ETag, m.Size, rec.ETag, rec.Size)
 	}
 	return m, nil
 }

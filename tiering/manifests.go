@@ -1,0 +1,153 @@
+package tiering
+
+import (
+	"encoding/json"
+	"errors"
+	"fmt"
+	"log/slog"
+	"os"
+	"path/filepath"
+	"sync"
+
+	"github.com/tierfs/tierfs/chunkxfer"
+	"github.com/tierfs/tierfs/internal/keylog"
+)
+
+// manifestCopies are the local copies of objects' manifests (chunk sizes
+// and checksums), so that a read needs no request to open an object: one
+// keyed log per partition (manifests/<partition>.klog, by object key),
+// opened at its first use. Versions before 2026-12 kept one file per
+// object (manifests/<partition>/<object>.json); a partition's files move
+// into its log when the log is first opened.
+type manifestCopies struct {
+	dir func() string // the state dir (known once the mount holds it)
+	log *slog.Logger
+
+	mu   sync.Mutex
+	logs map[string]*keylog.Log // by partition; GUARDED_BY(mu)
+}
+
+func newManifestCopies(dir func() string, log *slog.Logger) *manifestCopies {
+	return &manifestCopies{dir: dir, log: log, logs: map[string]*keylog.Log{}}
+}
+
+// group is the partition an object key belongs to: its directory.
+func manifestGroup(key string) string {
+	if g := filepath.Dir(key); g != "." {
+		return g
+	}
+	return "_"
+}
+
+// logOf is the log of key's partition, opened (and migrated) once.
+func (mc *manifestCopies) logOf(key string) (*keylog.Log, error) {
+	g := manifestGroup(key)
+	mc.mu.Lock()
+	defer mc.mu.Unlock()
+	if l := mc.logs[g]; l != nil {
+		return l, nil
+	}
+	root := filepath.Join(mc.dir(), "manifests")
+	l, cut, err := keylog.Open(filepath.Join(root, g+keyLogExt))
+	if err != nil {
+		return nil, err
+	}
+	if cut > 0 {
+		mc.log.Warn("cut a torn append off a manifest log", "path", l.Path(), "bytes", cut)
+	}
+	if err := mc.migrate(filepath.Join(root, g), g, l); err != nil {
+		return nil, err
+	}
+	mc.logs[g] = l
+	return l, nil
+}
+
+// migrate moves the legacy manifest files of group g (in dir) into its
+// log: each appended and synced before its file is removed.
+func (mc *manifestCopies) migrate(dir, g string, l *keylog.Log) error {
+	ents, err := os.ReadDir(dir)
+	if errors.Is(err, os.ErrNotExist) {
+		return nil
+	}
+	if err != nil {
+		return err
+	}
+	n := 0
+	for _, e := range ents {
+		if !e.Type().IsRegular() || filepath.Ext(e.Name()) != ".json" {
+			continue
+		}
+		p := filepath.Join(dir, e.Name())
+		b, err := os.ReadFile(p)
+		if err != nil {
+			return err
+		}
+		m, err := chunkxfer.ParseManifest(b)
+		if err != nil {
+			return fmt.Errorf("manifest copy %s: %w", p, err)
+		}
+		if manifestGroup(m.Key) != g {
+			return fmt.Errorf("manifest copy %s: of %s, not an object of %s", p, m.Key, g)
+		}
+		if err := l.Put(m.Key, b); err != nil {
+			return err
+		}
+		if err := os.Remove(p); err != nil {
+			return err
+		}
+		n++
+	}
+	os.Remove(dir) // once empty
+	if n > 0 {
+		mc.log.Info("moved manifest copies into the partition's manifest log", "partition", g, "manifests", n)
+	}
+	return nil
+}
+
+// get is the copy of key's manifest; an error for which os.IsNotExist
+// holds when there is none.
+func (mc *manifestCopies) get(key string) (*chunkxfer.Manifest, error) {
+	l, err := mc.logOf(key)
+	if err != nil {
+		return nil, err
+	}
+	b, ok, err := l.Get(key)
+	if err != nil {
+		return nil, err
+	}
+	if !ok {
+		return nil, &os.PathError{Op: "manifest copy", Path: l.Path() + ": " + key, Err: os.ErrNotExist}
+	}
+	m, err := chunkxfer.ParseManifest(b)
+	if err != nil {
+		return nil, fmt.Errorf("manifest copy of %s in %s: %w", key, l.Path(), err)
+	}
+	if m.Key != key {
+		return nil, fmt.Errorf("manifest copy of %s in %s is of %s", key, l.Path(), m.Key)
+	}
+	return m, nil
+}
+
+// put keeps a copy of m (appended and synced).
+func (mc *manifestCopies) put(m *chunkxfer.Manifest) error {
+	b, err := json.Marshal(m)
+	if err != nil {
+		return err
+	}
+	l, err := mc.logOf(m.Key)
+	if err != nil {
+		return err
+	}
+	return l.Put(m.Key, b)
+}
+
+// remove drops the copy of key's manifest, if any.
+func (mc *manifestCopies) remove(key string) error {
+	l, err := mc.logOf(key)
+	if err != nil {
+		return err
+	}
+	// The log stays open, empty or not: a second Log of the same file
+	// would append at its own idea of the end.
+	return l.Delete(key)
+}
