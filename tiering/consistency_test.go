@@ -12,6 +12,7 @@ import (
 
 	"github.com/tierfs/tierfs/chunkxfer/store"
 	"github.com/tierfs/tierfs/idx/kafka/kafkatest"
+	"github.com/tierfs/tierfs/internal/tiered"
 )
 
 // What a pass that scans only what may have changed believes (the
@@ -112,6 +113,25 @@ func testPassView(t *testing.T, seed uint64) {
 // with a full scan and the records on disk.
 func checkPassView(t *testing.T, tr *Tierer, root, at string) {
 	t.Helper()
+	// The summary (status, metrics) equals one of a full scan with the
+	// records on disk.
+	sum, err := tr.Summary()
+	if err != nil {
+		t.Fatal(err)
+	}
+	want, err := Summarize(root, func(seg Segment) tiered.State {
+		rec, has, _ := readRecord(seg.Path)
+		if !has {
+			return StateLocal
+		}
+		return rec.State
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if fmt.Sprintf("%+v", sum) != fmt.Sprintf("%+v", want) {
+		t.Fatalf("%s: summary\n%+v\na full scan's\n%+v", at, sum, want)
+	}
 	parts, _, err := tr.scans.scan(root, false, tr.cfg.Now())
 	if err != nil {
 		t.Fatal(err)

@@ -66,4 +66,7 @@ func (h *handles) open() int {
 func (t *Tierer) changed(ino uint64) {
 	t.handles.changed(ino)
 	t.records.forget(ino)
+	// Its partition is scanned again at the next pass: what the scan
+	// kept of it (the file's allocated bytes) no longer holds.
+	t.scans.touch(ino)
 }

@@ -4,6 +4,7 @@ import (
 	"log/slog"
 	"os"
 	"path/filepath"
+	"slices"
 	"sync"
 	"sync/atomic"
 	"syscall"
@@ -34,7 +35,7 @@ type partScans struct {
 type partScan struct {
 	dir     dirStamp
 	active  uint64       // the active segment's inode when scanned
-	p       Partition    // as scanned (the active segment's size kept current)
+	p       Partition    // as scanned, never changed after (see current)
 	settled atomic.Bool  // cleared by touch, at any time
 	touched atomic.Bool  // a touch since the scan: the pass cannot settle it
 	due     atomic.Int64 // scan again by then (unix ns; 0: no deadline)
@@ -106,8 +107,7 @@ func (ps *partScans) scan(root string, full bool, now time.Time) (parts []Partit
 		seen[name] = true
 		old := olds[name]
 		if !full && old != nil && old.settled.Load() && old.dir == stamp && (old.due.Load() == 0 || now.UnixNano() < old.due.Load()) {
-			refreshActive(&old.p)
-			parts = append(parts, old.p)
+			parts = append(parts, old.current())
 			continue
 		}
 		p, err := scanPartition(root, name, pd)
@@ -152,6 +152,54 @@ func (ps *partScans) scan(root string, full bool, now time.Time) (parts []Partit
 		}
 	}
 	return parts, scanned, nil
+}
+
+// view is the live partitions under root, by name: settled and unchanged
+// ones as last scanned, the others scanned now. Unlike scan it changes
+// nothing the passes rely on (for status and the metrics).
+func (ps *partScans) view(root string, now time.Time) ([]Partition, error) {
+	des, err := os.ReadDir(root)
+	if err != nil {
+		return nil, err
+	}
+	var parts []Partition
+	for _, de := range des {
+		if !de.IsDir() {
+			continue
+		}
+		pd, ok := livePartitionDir(de.Name())
+		if !ok {
+			continue
+		}
+		name := de.Name()
+		stamp, err := stampOf(filepath.Join(root, name))
+		if err != nil {
+			continue // removed meanwhile
+		}
+		ps.mu.RLock()
+		old := ps.byName[name]
+		ps.mu.RUnlock()
+		if old != nil && old.settled.Load() && old.dir == stamp && (old.due.Load() == 0 || now.UnixNano() < old.due.Load()) {
+			parts = append(parts, old.current())
+			continue
+		}
+		p, err := scanPartition(root, name, pd)
+		if err != nil {
+			continue
+		}
+		parts = append(parts, p)
+	}
+	return parts, nil
+}
+
+// current is the partition as scanned, with its active segment's size
+// brought up to date: a copy, since a scan and a view may run at once
+// and their callers keep what they got.
+func (s *partScan) current() Partition {
+	p := s.p
+	p.Segments = slices.Clone(p.Segments)
+	refreshActive(&p)
+	return p
 }
 
 // refreshActive brings the active segment's size and mtime up to date

@@ -30,6 +30,10 @@ func Summarize(root string, state func(seg Segment) tiered.State) ([]PartitionSu
 	if err != nil {
 		return nil, err
 	}
+	return summarize(parts, state), nil
+}
+
+func summarize(parts []Partition, state func(seg Segment) tiered.State) []PartitionSummary {
 	out := make([]PartitionSummary, 0, len(parts))
 	for _, p := range parts {
 		s := PartitionSummary{Name: p.Name, Segments: len(p.Segments)}
@@ -59,7 +63,7 @@ func Summarize(root string, state func(seg Segment) tiered.State) ([]PartitionSu
 		}
 		out = append(out, s)
 	}
-	return out, nil
+	return out
 }
 
 // Summary summarizes the tierer's log directory.
@@ -67,12 +71,19 @@ func (t *Tierer) Summary() ([]PartitionSummary, error) {
 	if err := t.waitReady(); err != nil {
 		return nil, err
 	}
-	// The records of segments that did not change come from memory.
-	return Summarize(t.cfg.Root, func(seg Segment) tiered.State {
+	// Settled partitions as the passes last scanned them, the others
+	// scanned now; the records of segments that did not change come from
+	// memory. A scrape of the metrics then costs what an idle pass does,
+	// not a stat and a record per segment.
+	parts, err := t.scans.view(t.cfg.Root, t.cfg.Now())
+	if err != nil {
+		return nil, err
+	}
+	return summarize(parts, func(seg Segment) tiered.State {
 		rec, has, err := t.records.of(seg)
 		if err != nil || !has {
 			return StateLocal // counted as not shipped
 		}
 		return rec.State
-	})
+	}), nil
 }
