@@ -33,8 +33,9 @@ var castagnoli = crc32.MakeTable(crc32.Castagnoli)
 // MaxLine is the longest line a log holds (value, key and framing).
 const MaxLine = 1 << 20
 
-// compactAt is the size below which a log is never compacted.
-const compactAt = 32 << 10
+// compactAt is how many bytes of dead lines a log holds at least before
+// it is compacted (and more than of live ones).
+const compactAt = 8 << 10
 
 // FormatError is a bad line: the file and the byte offset it starts at.
 type FormatError struct {
@@ -343,7 +344,7 @@ func (l *Log) write(key string, val []byte) error {
 		l.live += n
 	}
 	l.size += n
-	if l.size > compactAt && l.size > 2*l.live {
+	if dead := l.size - l.live; dead >= compactAt && dead > l.live {
 		return l.compactLocked()
 	}
 	return nil
