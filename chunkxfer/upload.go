@@ -219,6 +219,13 @@ func (u *Uploader) UploadFrom(ctx context.Context, path, key string, from int64,
 	if src.Size == from {
 		return u.putEmpty(ctx, key, src, from)
 	}
+	if src.Size-from <= min(smallUpload, u.chunkSize()) {
+		if _, err := os.Stat(journalPath(u.JournalDir, "upload", key)); errors.Is(err, os.ErrNotExist) {
+			return u.putSmall(ctx, f, path, key, src, from)
+		}
+		// An upload of the key left a journal: the multipart path
+		// resumes or aborts it.
+	}
 	if m, err := u.finishCompleted(ctx, path, key, src, from); m != nil || err != nil {
 		return m, err
 	}
@@ -420,20 +427,24 @@ func (t *upload) run(ctx context.Context, f *os.File) (*Manifest, error) {
 
 // checkSource fails when the open file is no longer what the upload
 // started from, or the path names another file now.
-func (t *upload) checkSource(f *os.File) error {
+func (t *upload) checkSource(f *os.File) error { return checkSource(f, t.h.Path, t.h.Source) }
+
+// checkSource fails when the open file f is no longer src, or path names
+// another file now.
+func checkSource(f *os.File, path string, src Source) error {
 	now, err := statSource(f)
 	if err != nil {
 		return err
 	}
-	if now != t.h.Source {
-		return fmt.Errorf("upload %s: size %d→%d, mtime or ctime moved: %w", t.h.Path, t.h.Source.Size, now.Size, ErrSourceChanged)
+	if now != src {
+		return fmt.Errorf("upload %s: size %d→%d, mtime or ctime moved: %w", path, src.Size, now.Size, ErrSourceChanged)
 	}
-	fi, err := os.Stat(t.h.Path)
+	fi, err := os.Stat(path)
 	if err != nil {
-		return fmt.Errorf("upload %s: %v: %w", t.h.Path, err, ErrSourceChanged)
+		return fmt.Errorf("upload %s: %v: %w", path, err, ErrSourceChanged)
 	}
-	if sourceOf(fi) != t.h.Source {
-		return fmt.Errorf("upload %s: the path names another file now: %w", t.h.Path, ErrSourceChanged)
+	if sourceOf(fi) != src {
+		return fmt.Errorf("upload %s: the path names another file now: %w", path, ErrSourceChanged)
 	}
 	return nil
 }
@@ -523,6 +534,52 @@ func (t *upload) uploadPart(ctx context.Context, f *os.File, n int32, buf []byte
 		t.u.afterPart(n)
 	}
 	return nil
+}
+
+// smallUpload is the largest object sent in one request, without a
+// multipart upload or a journal: a crash before the request ends leaves
+// nothing to resume, and one after it leaves the object to put again.
+const smallUpload = 1 << 20
+
+// putSmall stores bytes [from, size) of a file of at most one chunk and
+// smallUpload bytes in one request: read, checked to be what the file
+// still holds, checksummed, then put, and its manifest after it.
+func (u *Uploader) putSmall(ctx context.Context, f *os.File, path, key string, src Source, from int64) (*Manifest, error) {
+	size := src.Size - from
+	buf := make([]byte, size)
+	if _, err := f.ReadAt(buf, from); err != nil {
+		if errors.Is(err, io.EOF) {
+			err = fmt.Errorf("%v: %w", err, ErrSourceChanged) // it shrank
+		}
+		return nil, fmt.Errorf("upload %s: %w", path, err)
+	}
+	if err := checkSource(f, path, src); err != nil {
+		return nil, err
+	}
+	if u.onStart != nil {
+		u.onStart(0, true)
+	}
+	crcs := []uint32{crc32c(buf)}
+	var info store.ObjectInfo
+	err := defaultRetry.do(ctx, func() error {
+		if err := pace(ctx, u.Limit, size); err != nil {
+			return err
+		}
+		var err error
+		info, err = u.Store.Put(ctx, key, bytes.NewReader(buf), size)
+		return err
+	})
+	if err != nil {
+		return nil, err
+	}
+	if info.ETag == "" {
+		if info, err = u.Store.Head(ctx, key); err != nil {
+			return nil, err
+		}
+	}
+	m := &Manifest{Version: manifestVersion, Key: key, ETag: info.ETag, Size: size, ChunkSize: u.chunkSize(), CRC32C: crcs,
+		Whole: compositeChecksum(crcs), Source: src, From: from, Stored: time.Now().UTC(), Broker: u.broker()}
+	return m, putManifest(ctx, u.Store, m)
 }
 
 // putEmpty stores an empty file: no parts (S3 wants at least one, of

@@ -660,3 +660,59 @@ func TestUploadPacedWithProgress(t *testing.T) {
 	}
 	noUploads(t, s)
 }
+
+// An object of at most one chunk (and smallUpload bytes) goes in one
+// request: no multipart upload, no journal. A put that fails is retried;
+// a journal left by an earlier multipart upload of the key sends it down
+// the multipart path, which aborts what that upload left.
+func TestSmallUploadIsOneRequest(t *testing.T) {
+	ctx := context.Background()
+	dir := t.TempDir()
+	const cs = 64 << 10
+	path := filepath.Join(dir, "f")
+	want := randomFile(t, path, 5000, 9)
+	m := store.NewMem(nil)
+	m.Inject(store.Fault{Op: store.OpCreate, Err: errors.New("no multipart for a small object")})
+	m.Inject(store.Fault{Op: store.OpPut, KeyPrefix: "k", Times: 1, Err: errors.New("injected 503")})
+	jd := filepath.Join(dir, "journal")
+	up := &Uploader{Store: m, JournalDir: jd, ChunkSize: cs}
+	man, err := up.Upload(ctx, path, "k")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if man.Size != 5000 || man.Chunks() != 1 || man.CRC32C[0] != crc32c(want) {
+		t.Fatalf("manifest %+v", man)
+	}
+	if err := Verify(ctx, m, man); err != nil {
+		t.Fatal(err)
+	}
+	if ents, _ := os.ReadDir(jd); len(ents) != 0 {
+		t.Fatalf("journals: %v", ents)
+	}
+	m.ClearFaults()
+
+	// A multipart upload of a larger version was cut short (its journal
+	// and its upload are left); the file is now small.
+	want = randomFile(t, path, 3*cs, 10)
+	m.Inject(store.Fault{Op: store.OpComplete, Err: errors.New("cut short")})
+	if _, err := up.Upload(ctx, path, "k2"); err == nil {
+		t.Fatal("the cut upload succeeded")
+	}
+	m.ClearFaults()
+	if ents, _ := os.ReadDir(jd); len(ents) != 1 {
+		t.Fatalf("journals after the cut upload: %v", ents)
+	}
+	want = randomFile(t, path, 100, 11)
+	man, err = up.Upload(ctx, path, "k2")
+	if err != nil {
+		t.Fatal(err)
+	}
+	got, err := store.ReadAll(m.Get(ctx, "k2", 0, -1, store.GetOptions{}))
+	if err != nil || !bytes.Equal(got, want) || man.Size != 100 {
+		t.Fatalf("k2: %d bytes, %v", len(got), err)
+	}
+	noUploads(t, m)
+	if ents, _ := os.ReadDir(jd); len(ents) != 0 {
+		t.Fatalf("journals left: %v", ents)
+	}
+}
