@@ -221,7 +221,7 @@ func (u *Uploader) UploadFrom(ctx context.Context, path, key string, from int64,
 	}
 	if src.Size-from <= min(smallUpload, u.chunkSize()) {
 		if _, err := os.Stat(journalPath(u.JournalDir, "upload", key)); errors.Is(err, os.ErrNotExist) {
-			return u.putSmall(ctx, f, path, key, src, from)
+			return u.putSmall(ctx, f, path, key, src, from, progress)
 		}
 		// An upload of the key left a journal: the multipart path
 		// resumes or aborts it.
@@ -544,7 +544,7 @@ const smallUpload = 1 << 20
 // putSmall stores bytes [from, size) of a file of at most one chunk and
 // smallUpload bytes in one request: read, checked to be what the file
 // still holds, checksummed, then put, and its manifest after it.
-func (u *Uploader) putSmall(ctx context.Context, f *os.File, path, key string, src Source, from int64) (*Manifest, error) {
+func (u *Uploader) putSmall(ctx context.Context, f *os.File, path, key string, src Source, from int64, progress Progress) (*Manifest, error) {
 	size := src.Size - from
 	buf := make([]byte, size)
 	if _, err := f.ReadAt(buf, from); err != nil {
@@ -558,6 +558,9 @@ func (u *Uploader) putSmall(ctx context.Context, f *os.File, path, key string, s
 	}
 	if u.onStart != nil {
 		u.onStart(0, true)
+	}
+	if progress != nil {
+		progress(0, size)
 	}
 	crcs := []uint32{crc32c(buf)}
 	var info store.ObjectInfo
@@ -576,6 +579,9 @@ func (u *Uploader) putSmall(ctx context.Context, f *os.File, path, key string, s
 		if info, err = u.Store.Head(ctx, key); err != nil {
 			return nil, err
 		}
+	}
+	if progress != nil {
+		progress(size, size)
 	}
 	m := &Manifest{Version: manifestVersion, Key: key, ETag: info.ETag, Size: size, ChunkSize: u.chunkSize(), CRC32C: crcs,
 		Whole: compositeChecksum(crcs), Source: src, From: from, Stored: time.Now().UTC(), Broker: u.broker()}

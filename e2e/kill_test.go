@@ -17,6 +17,7 @@ import (
 	"github.com/tierfs/tierfs/chunkxfer"
 	"github.com/tierfs/tierfs/chunkxfer/store"
 	"github.com/tierfs/tierfs/idx/kafka/kafkatest"
+	"github.com/tierfs/tierfs/internal/keylog"
 	"golang.org/x/sys/unix"
 )
 
@@ -59,6 +60,7 @@ func TestKillDuringTiering(t *testing.T) {
 			killedWith["mid-upload"]++
 		}
 		checkNothingLost(t, backing, st, before)
+		checkCatalog(t, backing, st)
 		if t.Failed() {
 			t.Fatalf("after kill %d:\n%s", i, log)
 		}
@@ -92,6 +94,8 @@ func TestKillDuringTiering(t *testing.T) {
 	if ups, err := st.ListMultipart(context.Background(), ""); err != nil || len(ups) != 0 {
 		t.Errorf("leaked uploads: %v %v", ups, err)
 	}
+	m.stop(t)
+	checkCatalog(t, backing, st)
 	if ents, _ := os.ReadDir(filepath.Join(backing, ".tierfs", "journal")); len(ents) != 0 {
 		t.Errorf("journals left: %v", ents)
 	}
@@ -138,6 +142,68 @@ func checkNothingLost(t *testing.T, backing string, st store.Store, before map[s
 		cache.Close()
 		if err != nil || sha256.Sum256(b) != sum {
 			t.Errorf("%s is remote but its object differs: %v", rel, err)
+		}
+	}
+}
+
+// checkCatalog reads the shipment logs (.tierfs/shipments/*.klog) as a
+// crash left them, with no mount: each must parse (a torn last line is
+// allowed), every file with a record must have its shipment there, and
+// every segment object in the store must be named by a shipment (the
+// shipment is written before the first byte is sent).
+func checkCatalog(t *testing.T, backing string, st store.Store) {
+	t.Helper()
+	logs, _ := filepath.Glob(filepath.Join(backing, ".tierfs", "shipments", "*.klog"))
+	named := map[string]bool{}
+	shipments := map[string]bool{}
+	for _, p := range logs {
+		b, err := os.ReadFile(p)
+		if err != nil {
+			t.Fatal(err)
+		}
+		_, err = keylog.Parse(p, b, func(key string, val []byte) {
+			if val == nil {
+				delete(shipments, key)
+				return
+			}
+			var sh struct{ Objects []string }
+			if err := json.Unmarshal(val, &sh); err != nil {
+				t.Errorf("%s: shipment %s: %v", p, key, err)
+			}
+			shipments[key] = true
+			for _, o := range sh.Objects {
+				named[o] = true
+			}
+		})
+		if err != nil {
+			t.Errorf("shipment log after a kill: %v", err)
+		}
+	}
+	filepath.Walk(backing, func(path string, fi os.FileInfo, err error) error {
+		if err != nil || !fi.Mode().IsRegular() || strings.Contains(path, "/.tierfs/") {
+			return nil
+		}
+		buf := make([]byte, 4096)
+		n, err := unix.Getxattr(path, "trusted.tierfs", buf)
+		if err != nil {
+			return nil
+		}
+		var rec struct{ Key string }
+		if json.Unmarshal(buf[:n], &rec) == nil && !shipments[rec.Key] {
+			t.Errorf("%s has a record of %s but no shipment", path, rec.Key)
+		}
+		return nil
+	})
+	objs, err := st.List(context.Background(), "")
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, o := range objs {
+		if strings.HasSuffix(o.Key, "/remote-log-segment-index") || strings.HasSuffix(o.Key, "/remote-log-segment-index.tierfs-manifest") {
+			continue
+		}
+		if !named[o.Key] {
+			t.Errorf("object %s is named by no shipment", o.Key)
 		}
 	}
 }

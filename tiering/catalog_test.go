@@ -73,13 +73,21 @@ func TestShipmentCatalog(t *testing.T) {
 		t.Fatalf("empty: %v %v", all, err)
 	}
 	for i, s := range []Shipment{
-		{State: ShipmentShipped, Partition: "a-0", Base: 20, Key: "a-0/00000000000000000020-1.log"},
+		{State: ShipmentShipped, Partition: "a-0", Base: 20, Key: "a-0/00000000000000000020-1.log",
+			Objects: []string{"a-0/00000000000000000020-1.log", "a-0/00000000000000000020-1.log.tierfs-manifest", "a-0/00000000000000000020-1.rindex", "a-0/00000000000000000010-9.log.refs/00000000000000000020-1"}},
 		{State: ShipmentShipping, Partition: "a-0", Base: 0, Key: "a-0/00000000000000000000-2.log"},
 		{State: ShipmentShipped, Partition: "b-0", Base: 5, Key: "b-0/00000000000000000005-3.log"},
 	} {
 		if err := c.put(s); err != nil {
 			t.Fatalf("put %d: %v", i, err)
 		}
+	}
+	// The objects of a segment are written from its stem on.
+	if b, _ := os.ReadFile(filepath.Join(dir, "shipments", "a-0"+keyLogExt)); !strings.Contains(string(b), `"~.log.tierfs-manifest"`) || strings.Count(string(b), "00000000000000000020-1") != 3 {
+		t.Fatalf("a-0's log:\n%s", b)
+	}
+	if err := c.put(Shipment{Partition: "a-0", Key: "a-0/x.log", Objects: []string{"~x"}}); err == nil {
+		t.Fatal("an object that starts with the stem mark was put")
 	}
 	if _, err := c.get("a-0", "a-0/nothing.log"); !errors.Is(err, os.ErrNotExist) {
 		t.Fatalf("get of none: %v", err)
@@ -99,6 +107,9 @@ func TestShipmentCatalog(t *testing.T) {
 	kept, _ := c.all()
 	if err != nil || len(all) != 2 || all[0].Partition != "a-0" || len(kept) != 2 {
 		t.Fatalf("read back: %+v %v", all, err)
+	}
+	if fmt.Sprint(all) != fmt.Sprint(kept) {
+		t.Fatalf("read back\n%+v\nkept\n%+v", all, kept)
 	}
 	// One log per partition; a partition with no shipment left has none.
 	if files, _ := filepath.Glob(filepath.Join(dir, "shipments", "*")); len(files) != 1 || filepath.Base(files[0]) != "a-0.klog" {

@@ -64,7 +64,7 @@ func TestShipAndEvictByHand(t *testing.T) {
 		t.Fatalf("second evict: %s %v", st, err)
 	}
 	// A failure is remembered as the partition's last error.
-	s.Inject(store.Fault{Op: store.OpCreate, Err: errors.New("injected outage")})
+	s.Inject(store.Fault{Err: errors.New("injected outage")}) // every request
 	if _, err := tr.EvictNow(ctx, "orders-1/"+kafkaName(bases["orders-1"][0], ".log"), nil); err == nil {
 		t.Fatal("evict with the store down")
 	}

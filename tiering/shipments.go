@@ -10,6 +10,7 @@ import (
 	"strings"
 	"sync"
 
+	"github.com/tierfs/tierfs/idx/kafka"
 	"github.com/tierfs/tierfs/internal/keylog"
 )
 
@@ -66,8 +67,8 @@ func (c *shipmentCatalog) loadLocked() error {
 			}
 			logs[part] = l
 			err = l.Each(func(key string, val []byte) error {
-				var s Shipment
-				if err := json.Unmarshal(val, &s); err != nil {
+				s, err := decodeShipment(val)
+				if err != nil {
 					return fmt.Errorf("shipment %s in %s: %w", key, l.Path(), err)
 				}
 				add(part, s)
@@ -137,7 +138,7 @@ func (c *shipmentCatalog) migrate(part string, l *keylog.Log) ([]Shipment, error
 			return nil, fmt.Errorf("shipment %s: %w", p, err)
 		}
 		s.Version = 1
-		v, err := json.Marshal(s)
+		v, err := encodeShipment(s)
 		if err != nil {
 			return nil, err
 		}
@@ -187,7 +188,7 @@ func (c *shipmentCatalog) put(s Shipment) error {
 		return err
 	}
 	s.Version = 1
-	b, err := json.Marshal(s)
+	b, err := encodeShipment(s)
 	if err != nil {
 		return err
 	}
@@ -282,4 +283,44 @@ func sortShipments(ss []Shipment) {
 		}
 		return ss[i].Key < ss[j].Key
 	})
+}
+
+// stemMark stands for a shipment's key without its kind (".log") at the
+// start of one of its objects, in a shipment log line: eleven objects of
+// one segment repeat it. No object key starts with "~" (Kafka's topic
+// names do not).
+const stemMark = "~"
+
+// encodeShipment is s as a shipment log value: its objects that start
+// with its stem are written from the mark on.
+func encodeShipment(s Shipment) ([]byte, error) {
+	stem := strings.TrimSuffix(s.Key, kafka.KindLog)
+	objs := make([]string, len(s.Objects))
+	for i, o := range s.Objects {
+		if strings.HasPrefix(o, stemMark) {
+			return nil, fmt.Errorf("shipment of %s: object %q starts with %q", s.Key, o, stemMark)
+		}
+		if rest, ok := strings.CutPrefix(o, stem); ok && stem != "" {
+			o = stemMark + rest
+		}
+		objs[i] = o
+	}
+	s.Objects = objs
+	return json.Marshal(s)
+}
+
+// decodeShipment reads a shipment log value (or a legacy shipment
+// file, whose objects are whole keys).
+func decodeShipment(b []byte) (Shipment, error) {
+	var s Shipment
+	if err := json.Unmarshal(b, &s); err != nil {
+		return s, err
+	}
+	stem := strings.TrimSuffix(s.Key, kafka.KindLog)
+	for i, o := range s.Objects {
+		if rest, ok := strings.CutPrefix(o, stemMark); ok {
+			s.Objects[i] = stem + rest
+		}
+	}
+	return s, nil
 }

@@ -33,10 +33,10 @@ import (
 )
 
 // order is the order of the sections; reports of other names follow.
-var order = []string{"local", "kafka", "kafkastart", "kafkacatchup", "tier", "tierload", "xfer", "cm", "peer", "segscan", "scale"}
+var order = []string{"local", "kafka", "kafkastart", "kafkacatchup", "tier", "tierload", "xfer", "cm", "peer", "segscan", "scale", "scale-s3"}
 
 // make targets, named in each section.
-var targets = map[string]string{"local": "bench-local", "kafka": "bench-kafka", "kafkastart": "bench-kafka", "kafkacatchup": "bench-kafka", "tier": "bench-tier", "tierload": "bench-tier", "xfer": "bench-xfer", "cm": "bench-cm", "peer": "bench-peer", "segscan": "bench-scan", "scale": "bench-scale"}
+var targets = map[string]string{"local": "bench-local", "kafka": "bench-kafka", "kafkastart": "bench-kafka", "kafkacatchup": "bench-kafka", "tier": "bench-tier", "tierload": "bench-tier", "xfer": "bench-xfer", "cm": "bench-cm", "peer": "bench-peer", "segscan": "bench-scan", "scale": "bench-scale", "scale-s3": "bench-scale"}
 
 func main() {
 	in := flag.String("in", "", "directory of the benchmarks' JSON reports")
