@@ -188,6 +188,18 @@ func (u *Uploader) UploadProgress(ctx context.Context, path, key string, progres
 // to its end: the object holds them from its position 0, and its
 // manifest says where in the file it starts (Manifest.From).
 func (u *Uploader) UploadFrom(ctx context.Context, path, key string, from int64, progress Progress) (*Manifest, error) {
+	return u.upload(ctx, path, key, from, progress, false)
+}
+
+// UploadNew is UploadFrom for a key the caller knows was never uploaded
+// to (tiering catalogs every object before its first byte is sent, under
+// a name no other version has): it does not look for a finished upload
+// of it in the store first. A journal of the key is still resumed.
+func (u *Uploader) UploadNew(ctx context.Context, path, key string, from int64, progress Progress) (*Manifest, error) {
+	return u.upload(ctx, path, key, from, progress, true)
+}
+
+func (u *Uploader) upload(ctx context.Context, path, key string, from int64, progress Progress, fresh bool) (*Manifest, error) {
 	f, err := os.Open(path)
 	if err != nil {
 		return nil, err
@@ -207,14 +219,8 @@ func (u *Uploader) UploadFrom(ctx context.Context, path, key string, from int64,
 	if from < 0 || from > src.Size {
 		return nil, fmt.Errorf("upload %s from %d: the file has %d bytes", path, from, src.Size)
 	}
-	if m, err := LoadManifest(ctx, u.Store, key); err == nil && m.Source == src && m.From == from && m.ChunkSize == u.chunkSize() {
-		// Done before, and the journal was not removed (a crash right
-		// after completing).
-		os.Remove(journalPath(u.JournalDir, "upload", key))
-		if u.onStart != nil {
-			u.onStart(m.Chunks(), false) // every part kept
-		}
-		return m, nil
+	if m, err := u.uploaded(ctx, key, src, from, fresh); m != nil || err != nil {
+		return m, err
 	}
 	if src.Size == from {
 		return u.putEmpty(ctx, key, src, from)
@@ -241,6 +247,24 @@ func (u *Uploader) UploadFrom(ctx context.Context, path, key string, from int64,
 			u.discard(t)
 		}
 		return nil, err
+	}
+	return m, nil
+}
+
+// uploaded is the manifest of an earlier upload of the same unchanged
+// file to key that finished but left its journal (a crash right after
+// completing), or nil; fresh says there cannot be one.
+func (u *Uploader) uploaded(ctx context.Context, key string, src Source, from int64, fresh bool) (*Manifest, error) {
+	if fresh {
+		return nil, nil
+	}
+	m, err := LoadManifest(ctx, u.Store, key)
+	if err != nil || m.Source != src || m.From != from || m.ChunkSize != u.chunkSize() {
+		return nil, nil
+	}
+	os.Remove(journalPath(u.JournalDir, "upload", key))
+	if u.onStart != nil {
+		u.onStart(m.Chunks(), false) // every part kept
 	}
 	return m, nil
 }

@@ -716,3 +716,30 @@ func TestSmallUploadIsOneRequest(t *testing.T) {
 		t.Fatalf("journals left: %v", ents)
 	}
 }
+
+// UploadNew does not look for a finished upload of the key: a small file
+// is one put of the object and one of its manifest, nothing read.
+func TestUploadNewLooksForNothing(t *testing.T) {
+	ctx := context.Background()
+	dir := t.TempDir()
+	path := filepath.Join(dir, "f")
+	want := randomFile(t, path, 3000, 12)
+	m := store.NewMem(nil)
+	up := &Uploader{Store: m, JournalDir: filepath.Join(dir, "journal"), ChunkSize: 64 << 10}
+	man, err := up.UploadNew(ctx, path, "k", 0, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if m.Calls(store.OpGet)+m.Calls(store.OpHead) != 0 || m.Calls(store.OpPut) != 2 {
+		t.Fatalf("%d gets, %d heads, %d puts", m.Calls(store.OpGet), m.Calls(store.OpHead), m.Calls(store.OpPut))
+	}
+	got, err := store.ReadAll(m.Get(ctx, "k", 0, -1, store.GetOptions{}))
+	if err != nil || !bytes.Equal(got, want) || Verify(ctx, m, man) != nil {
+		t.Fatalf("object: %d bytes, %v", len(got), err)
+	}
+	// UploadFrom of the same unchanged file finds that upload.
+	puts := m.Calls(store.OpPut)
+	if again, err := up.UploadFrom(ctx, path, "k", 0, nil); err != nil || again.ETag != man.ETag || m.Calls(store.OpPut) != puts {
+		t.Fatalf("UploadFrom after UploadNew: %v, %d more puts", err, m.Calls(store.OpPut)-puts)
+	}
+}

@@ -400,14 +400,20 @@ func (sp *shipper) shipRest(ctx context.Context, seg Segment, st *syscall.Stat_t
 		defer sp.t.claims.release(objectClaim(key))
 	}
 	holder := holderOf(key)
-	sh, err := sp.startShipment(seg, st, key, from, refsOf(extentKeys(cov.Extents), holder))
+	sh, fresh, err := sp.startShipment(seg, st, key, from, refsOf(extentKeys(cov.Extents), holder))
 	if err != nil {
 		return err
+	}
+	// A shipment catalogued just now has put nothing in the store yet:
+	// there is no finished upload of its objects to look for.
+	upload := sp.t.up.UploadFrom
+	if fresh {
+		upload = sp.t.up.UploadNew
 	}
 	if err := sp.t.share.takeRefs(ctx, cov.Extents, holder); err != nil {
 		return err
 	}
-	m, err := sp.t.up.UploadFrom(ctx, seg.Path, key, from, progress)
+	m, err := upload(ctx, seg.Path, key, from, progress)
 	if err != nil {
 		return err
 	}
@@ -420,7 +426,7 @@ func (sp *shipper) shipRest(ctx context.Context, seg Segment, st *syscall.Stat_t
 				// Appeared after the shipment was catalogued: kept local only.
 				continue
 			}
-			if _, err := sp.t.up.Upload(ctx, sk.path, sk.key); err != nil {
+			if _, err := upload(ctx, sk.path, sk.key, 0, nil); err != nil {
 				return fmt.Errorf("ship %s: %w", filepath.Base(sk.path), err)
 			}
 		}
@@ -506,18 +512,18 @@ func (sp *shipper) putBatchList(ctx context.Context, seg Segment, key string, fr
 // store (or finds them catalogued by an earlier, interrupted Ship): the
 // object of its bytes from position from, its batch list and remote
 // indexes, for a whole segment its index files too, and refs, the
-// references it takes on other brokers' objects.
-func (sp *shipper) startShipment(seg Segment, st *syscall.Stat_t, key string, from int64, refs []string) (Shipment, error) {
+// references it takes on other brokers' objects. fresh says it was
+// catalogued now: none of its objects can be in the store.
+func (sp *shipper) startShipment(seg Segment, st *syscall.Stat_t, key string, from int64, refs []string) (sh Shipment, fresh bool, err error) {
 	if sh, err := sp.t.shipments.get(seg.Partition, key); err == nil {
 		if sh.State == ShipmentDeleting {
-			return sh, fmt.Errorf("%s: its remote copy is being deleted", seg.Path)
+			return sh, false, fmt.Errorf("%s: its remote copy is being deleted", seg.Path)
 		}
-		return sh, nil
+		return sh, false, nil
 	} else if !os.IsNotExist(err) {
-		return sh, err
+		return sh, false, err
 	}
-	sh := Shipment{State: ShipmentShipping, Partition: seg.Partition, Base: seg.Base, Key: key, Ino: st.Ino, Since: sp.t.cfg.Now()}
-	var err error
+	sh = Shipment{State: ShipmentShipping, Partition: seg.Partition, Base: seg.Base, Key: key, Ino: st.Ino, Since: sp.t.cfg.Now()}
 	if sh.HandleType, sh.Handle, err = fileHandle(seg.Path); err != nil {
 		sp.t.cfg.Log.Debug("no file handle", "segment", seg.Path, "err", err)
 	}
@@ -531,7 +537,10 @@ func (sp *shipper) startShipment(seg Segment, st *syscall.Stat_t, key string, fr
 	base := strings.TrimSuffix(key, kafka.KindLog)
 	sh.Objects = append(sh.Objects, base+".batches", base+".rindex", base+".rtimeindex")
 	sh.Objects = append(sh.Objects, refs...)
-	return sh, sp.t.shipments.put(sh)
+	if err := sp.t.shipments.put(sh); err != nil {
+		return sh, false, err
+	}
+	return sh, true, nil
 }
 
 // sidecarKeys are the files shipped for a segment and their keys: the

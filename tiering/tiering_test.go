@@ -347,3 +347,39 @@ func recordKey(t *testing.T, path string) string {
 	}
 	return rec.Key
 }
+
+// What shipping a small segment asks of the store, per segment: its
+// objects are put once each, and the only read is the check of the
+// uploaded copy (a shipment catalogued just now has nothing in the store
+// to look for first).
+func TestShipRequestsPerSegment(t *testing.T) {
+	root := filepath.Join(t.TempDir(), "kafka-logs")
+	if _, err := (kafkatest.LogDir{Topic: "s", Partitions: 1, Segments: 11, Batches: 1, Records: 8, ValueSize: 450, Age: time.Hour, Repeat: true}).Write(root); err != nil {
+		t.Fatal(err)
+	}
+	s := store.NewMem(nil)
+	tr := newTierer(t, root, s, 1<<40)
+	tr.cfg.Policy.ShipAfter = 0
+	rep := tr.RunOnce(context.Background())
+	if len(rep.Errors) > 0 || rep.Shipped != 10 {
+		t.Fatalf("pass: %+v", rep)
+	}
+	ships, _ := tr.shipments.all()
+	objects := 0
+	for _, sh := range ships {
+		objects += len(ownObjects(sh))
+	}
+	// Each object once, and the partition's index once per segment.
+	if puts := s.Calls(store.OpPut); puts != objects+rep.Shipped {
+		t.Errorf("%d puts for %d objects of %d segments", puts, objects, rep.Shipped)
+	}
+	if gets := s.Calls(store.OpGet); gets != rep.Shipped {
+		t.Errorf("%d gets for %d segments, want one each (the check of the copy)", gets, rep.Shipped)
+	}
+	if n := s.Calls(store.OpCreate) + s.Calls(store.OpList); n != 0 {
+		t.Errorf("%d multipart or list requests", n)
+	}
+	if heads := s.Calls(store.OpHead); heads > 1 {
+		t.Errorf("%d heads, want at most one (the partition's index, once a pass)", heads)
+	}
+}
