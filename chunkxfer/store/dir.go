@@ -15,11 +15,15 @@ import (
 	"strings"
 	"syscall"
 	"time"
+
+	"golang.org/x/sys/unix"
 )
 
 // Dir is a Store in a local directory (file:///path): each object is a
-// file at its key. Writes go to a temporary file that is synced and
-// renamed into place, so an object is always whole. Multipart uploads
+// file at its key. A new object is written as an unnamed file in its
+// directory (O_TMPFILE), synced and linked in; one that replaces another
+// goes to a temporary file that is synced and renamed over it. Either
+// way an object is always whole. Multipart uploads
 // live in a reserved directory under the root, which keys cannot name.
 //
 // Unlike S3, a key cannot be both an object and a prefix of another
@@ -196,6 +200,11 @@ func (d *Dir) put(key string, body io.ReadSeeker, size int64, cond *PutCond) (Ob
 	if err != nil {
 		return ObjectInfo{}, err
 	}
+	if cond == nil {
+		if info, done, err := d.putNew(key, p, body, size); done {
+			return info, err
+		}
+	}
 	if _, err := body.Seek(0, io.SeekStart); err != nil {
 		return ObjectInfo{}, err
 	}
@@ -212,6 +221,52 @@ func (d *Dir) put(key string, body io.ReadSeeker, size int64, cond *PutCond) (Ob
 		defer unlock()
 	}
 	return d.install(tmp, key, p)
+}
+
+// putNew writes a new object as an unnamed file in its own directory
+// (O_TMPFILE), synced, then links it in under its name: no temporary
+// name is made and removed, and writers of different directories never
+// contend for one directory of temporary files. done is false where that
+// cannot be done (an object there already, which a rename must replace;
+// a file system without O_TMPFILE; no /proc): the caller puts it the
+// other way.
+func (d *Dir) putNew(key, p string, body io.ReadSeeker, size int64) (info ObjectInfo, done bool, err error) {
+	dir := filepath.Dir(p)
+	if err := os.MkdirAll(dir, 0o755); err != nil {
+		return ObjectInfo{}, true, fmt.Errorf("put %s: %w", key, err)
+	}
+	if _, err := os.Lstat(p); err == nil {
+		return ObjectInfo{}, false, nil // replaced by a rename
+	}
+	fd, err := unix.Open(dir, unix.O_TMPFILE|unix.O_WRONLY|unix.O_CLOEXEC, 0o600)
+	if err != nil {
+		return ObjectInfo{}, false, nil
+	}
+	f := os.NewFile(uintptr(fd), p)
+	defer f.Close()
+	if _, err := body.Seek(0, io.SeekStart); err != nil {
+		return ObjectInfo{}, true, err
+	}
+	if n, err := io.Copy(f, io.LimitReader(body, size)); err != nil {
+		return ObjectInfo{}, true, fmt.Errorf("put %s: %w", key, err)
+	} else if n != size {
+		return ObjectInfo{}, true, fmt.Errorf("put %s: body has %d bytes, want %d", key, n, size)
+	}
+	if err := f.Sync(); err != nil {
+		return ObjectInfo{}, true, fmt.Errorf("put %s: %w", key, err)
+	}
+	err = unix.Linkat(unix.AT_FDCWD, "/proc/self/fd/"+strconv.Itoa(fd), unix.AT_FDCWD, p, unix.AT_SYMLINK_FOLLOW)
+	if err != nil {
+		return ObjectInfo{}, false, nil // made meanwhile, or no /proc
+	}
+	if err := syncPath(dir); err != nil {
+		return ObjectInfo{}, true, err
+	}
+	fi, err := f.Stat()
+	if err != nil {
+		return ObjectInfo{}, true, err
+	}
+	return ObjectInfo{Key: key, Size: fi.Size(), ETag: dirETag(fi), ModTime: fi.ModTime()}, true, nil
 }
 
 // checkCond takes the PutIf lock and checks cond against the object at
