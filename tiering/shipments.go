@@ -31,10 +31,15 @@ type shipmentCatalog struct {
 	loaded bool                           // GUARDED_BY(mu)
 	byPart map[string]map[string]Shipment // partition → object key → shipment; GUARDED_BY(mu)
 	logs   map[string]*keylog.Log         // by partition; GUARDED_BY(mu)
+	// Kept shipments hold their objects as in their log line (from the
+	// stem mark on), each such name once for all (most are the same
+	// eleven): a whole key per object would be most of the catalog's
+	// memory.
+	names map[string]string // GUARDED_BY(mu)
 }
 
 func newShipmentCatalog(dir func() string, log *slog.Logger) *shipmentCatalog {
-	return &shipmentCatalog{dir: dir, log: log, byPart: map[string]map[string]Shipment{}, logs: map[string]*keylog.Log{}}
+	return &shipmentCatalog{dir: dir, log: log, byPart: map[string]map[string]Shipment{}, logs: map[string]*keylog.Log{}, names: map[string]string{}}
 }
 
 // keyLogExt ends the name of a keyed log (internal/keylog) in the state dir.
@@ -57,7 +62,7 @@ func (c *shipmentCatalog) loadLocked() error {
 		if byPart[part] == nil {
 			byPart[part] = map[string]Shipment{}
 		}
-		byPart[part][s.Key] = s
+		byPart[part][s.Key] = c.keptLocked(s)
 	}
 	for _, e := range ents {
 		if part, ok := strings.CutSuffix(e.Name(), keyLogExt); ok && e.Type().IsRegular() {
@@ -171,7 +176,7 @@ func (c *shipmentCatalog) get(partition, key string) (Shipment, error) {
 	if !ok {
 		return Shipment{}, &os.PathError{Op: "shipment", Path: filepath.Join(c.root(), partition+keyLogExt) + ": " + key, Err: os.ErrNotExist}
 	}
-	return s, nil
+	return expandShipment(s), nil
 }
 
 // has says whether partition has a shipment of key.
@@ -205,7 +210,7 @@ func (c *shipmentCatalog) put(s Shipment) error {
 	if c.byPart[s.Partition] == nil {
 		c.byPart[s.Partition] = map[string]Shipment{}
 	}
-	c.byPart[s.Partition][s.Key] = s
+	c.byPart[s.Partition][s.Key] = c.keptLocked(s)
 	return nil
 }
 
@@ -240,7 +245,7 @@ func (c *shipmentCatalog) of(partition string) ([]Shipment, error) {
 	}
 	out := make([]Shipment, 0, len(c.byPart[partition]))
 	for _, s := range c.byPart[partition] {
-		out = append(out, s)
+		out = append(out, expandShipment(s))
 	}
 	sortShipments(out)
 	return out, nil
@@ -266,7 +271,7 @@ func (c *shipmentCatalog) except(skip func(partition string) bool) ([]Shipment, 
 			continue
 		}
 		for _, s := range ss {
-			out = append(out, s)
+			out = append(out, expandShipment(s))
 		}
 	}
 	sortShipments(out)
@@ -290,6 +295,41 @@ func sortShipments(ss []Shipment) {
 // one segment repeat it. No object key starts with "~" (Kafka's topic
 // names do not).
 const stemMark = "~"
+
+// keptLocked is s as the catalog keeps it: its objects from the stem
+// mark on, each such name shared.
+func (c *shipmentCatalog) keptLocked(s Shipment) Shipment {
+	stem := strings.TrimSuffix(s.Key, kafka.KindLog)
+	objs := make([]string, len(s.Objects))
+	for i, o := range s.Objects {
+		if rest, ok := strings.CutPrefix(o, stem); ok && stem != "" {
+			o = stemMark + rest
+			if n, ok := c.names[o]; ok {
+				o = n
+			} else {
+				c.names[o] = o
+			}
+		}
+		objs[i] = o
+	}
+	s.Objects = objs
+	return s
+}
+
+// expandShipment is a kept shipment with whole object keys, in a slice
+// of its own.
+func expandShipment(s Shipment) Shipment {
+	stem := strings.TrimSuffix(s.Key, kafka.KindLog)
+	objs := make([]string, len(s.Objects))
+	for i, o := range s.Objects {
+		if rest, ok := strings.CutPrefix(o, stemMark); ok {
+			o = stem + rest
+		}
+		objs[i] = o
+	}
+	s.Objects = objs
+	return s
+}
 
 // encodeShipment is s as a shipment log value: its objects that start
 // with its stem are written from the mark on.
