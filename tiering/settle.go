@@ -193,26 +193,28 @@ func (ps *partScans) view(root string, now time.Time) ([]Partition, error) {
 }
 
 // current is the partition as scanned, with its active segment's size
-// brought up to date: a copy, since a scan and a view may run at once
-// and their callers keep what they got.
+// brought up to date. What was scanned is never changed (a scan and a
+// view may run at once, and their callers keep what they got): while
+// the active segment is as scanned, that is returned as it is; once it
+// changed, a copy. An idle partition costs no allocation.
 func (s *partScan) current() Partition {
 	p := s.p
-	p.Segments = slices.Clone(p.Segments)
-	refreshActive(&p)
-	return p
-}
-
-// refreshActive brings the active segment's size and mtime up to date
-// (it grows without changing its directory).
-func refreshActive(p *Partition) {
-	if len(p.Segments) == 0 {
-		return
+	n := len(p.Segments)
+	if n == 0 {
+		return p
 	}
-	last := &p.Segments[len(p.Segments)-1]
+	last := p.Segments[n-1]
 	var st syscall.Stat_t
-	if syscall.Stat(last.Path, &st) == nil && st.Ino == last.Ino {
-		last.Size, last.Mtime, last.Ctime, last.Alloc = st.Size, time.Unix(0, st.Mtim.Nano()), st.Ctim.Nano(), st.Blocks*512
+	if syscall.Stat(last.Path, &st) != nil || st.Ino != last.Ino {
+		return p
 	}
+	if st.Size == last.Size && st.Mtim.Nano() == last.Mtime.UnixNano() && st.Ctim.Nano() == last.Ctime && st.Blocks*512 == last.Alloc {
+		return p
+	}
+	p.Segments = slices.Clone(p.Segments)
+	a := &p.Segments[n-1]
+	a.Size, a.Mtime, a.Ctime, a.Alloc = st.Size, time.Unix(0, st.Mtim.Nano()), st.Ctim.Nano(), st.Blocks*512
+	return p
 }
 
 // changedInPlace names a rolled segment that differs between two scans

@@ -6,6 +6,7 @@ import (
 	"log/slog"
 	"os"
 	"path/filepath"
+	"slices"
 	"sort"
 	"strings"
 	"sync"
@@ -35,11 +36,12 @@ type shipmentCatalog struct {
 	// stem mark on), each such name once for all (most are the same
 	// eleven): a whole key per object would be most of the catalog's
 	// memory.
-	names map[string]string // GUARDED_BY(mu)
+	names map[string]string   // GUARDED_BY(mu)
+	lists map[string][]string // object lists shared by shipments, never changed; GUARDED_BY(mu)
 }
 
 func newShipmentCatalog(dir func() string, log *slog.Logger) *shipmentCatalog {
-	return &shipmentCatalog{dir: dir, log: log, byPart: map[string]map[string]Shipment{}, logs: map[string]*keylog.Log{}, names: map[string]string{}}
+	return &shipmentCatalog{dir: dir, log: log, byPart: map[string]map[string]Shipment{}, logs: map[string]*keylog.Log{}, names: map[string]string{}, lists: map[string][]string{}}
 }
 
 // keyLogExt ends the name of a keyed log (internal/keylog) in the state dir.
@@ -303,17 +305,30 @@ func (c *shipmentCatalog) keptLocked(s Shipment) Shipment {
 	objs := make([]string, len(s.Objects))
 	for i, o := range s.Objects {
 		if rest, ok := strings.CutPrefix(o, stem); ok && stem != "" {
-			o = stemMark + rest
-			if n, ok := c.names[o]; ok {
-				o = n
-			} else {
-				c.names[o] = o
-			}
+			o = c.name(stemMark + rest)
 		}
 		objs[i] = o
 	}
+	// Most shipments have the same list: one copy of it for all.
+	id := strings.Join(objs, "\x00")
+	if shared, ok := c.lists[id]; ok {
+		objs = shared
+	} else if !slices.ContainsFunc(objs, func(o string) bool { return !strings.HasPrefix(o, stemMark) }) {
+		c.lists[id] = objs // only lists of the stem's names repeat
+	}
 	s.Objects = objs
+	s.State = ShipmentState(c.name(string(s.State)))
+	s.Partition = c.name(s.Partition)
 	return s
+}
+
+// name is the one kept copy of a string many shipments hold.
+func (c *shipmentCatalog) name(v string) string {
+	if n, ok := c.names[v]; ok {
+		return n
+	}
+	c.names[v] = v
+	return v
 }
 
 // expandShipment is a kept shipment with whole object keys, in a slice

@@ -83,6 +83,15 @@ func runMount(c *cli.Context) error {
 		}
 		defer func() { pprof.StopCPUProfile(); f.Close() }()
 	}
+	// And a heap profile, written when the mount ends.
+	if p := os.Getenv("TIERFS_MEMPROFILE"); p != "" {
+		defer func() {
+			if f, err := os.Create(p); err == nil {
+				pprof.WriteHeapProfile(f)
+				f.Close()
+			}
+		}()
+	}
 	sizes, err := sizeFlags(c, "local-retention-bytes", "local-retention-total-bytes", "cache-bytes")
 	if err != nil {
 		return err
