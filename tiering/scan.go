@@ -44,24 +44,41 @@ type Partition struct {
 // Directories being deleted, moved or left stray, the KRaft metadata log
 // and tierfs's own state are left alone.
 func Scan(root string) ([]Partition, error) {
-	des, err := os.ReadDir(root)
+	dirs, err := livePartitionDirs(root)
 	if err != nil {
 		return nil, err
 	}
 	var out []Partition
-	for _, de := range des {
-		if !de.IsDir() {
-			continue
-		}
-		pd, ok := livePartitionDir(de.Name())
-		if !ok {
-			continue
-		}
-		p, err := scanPartition(root, de.Name(), pd)
+	for _, d := range dirs {
+		p, err := scanPartition(root, d.name, d.pd)
 		if err != nil {
 			continue // removed meanwhile
 		}
 		out = append(out, p)
+	}
+	return out, nil
+}
+
+// liveDir is a live partition directory under the root.
+type liveDir struct {
+	name string
+	pd   kafka.PartitionDir
+}
+
+// livePartitionDirs are the directories under root that tierfs tiers.
+func livePartitionDirs(root string) ([]liveDir, error) {
+	des, err := os.ReadDir(root)
+	if err != nil {
+		return nil, err
+	}
+	var out []liveDir
+	for _, de := range des {
+		if !de.IsDir() {
+			continue
+		}
+		if pd, ok := livePartitionDir(de.Name()); ok {
+			out = append(out, liveDir{de.Name(), pd})
+		}
 	}
 	return out, nil
 }

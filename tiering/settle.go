@@ -2,7 +2,6 @@ package tiering
 
 import (
 	"log/slog"
-	"os"
 	"path/filepath"
 	"slices"
 	"sync"
@@ -76,7 +75,7 @@ func (ps *partScans) fullDue(now time.Time, every time.Duration) bool {
 // settled and unchanged (and full is false), as last scanned; scanned
 // says which were scanned.
 func (ps *partScans) scan(root string, full bool, now time.Time) (parts []Partition, scanned map[string]bool, err error) {
-	des, err := os.ReadDir(root)
+	dirs, err := livePartitionDirs(root)
 	if err != nil {
 		return nil, nil, err
 	}
@@ -91,15 +90,8 @@ func (ps *partScans) scan(root string, full bool, now time.Time) (parts []Partit
 	scanned = map[string]bool{}
 	seen := map[string]bool{}
 	fresh := map[string]*partScan{}
-	for _, de := range des {
-		if !de.IsDir() {
-			continue
-		}
-		pd, ok := livePartitionDir(de.Name())
-		if !ok {
-			continue
-		}
-		name := de.Name()
+	for _, d := range dirs {
+		name, pd := d.name, d.pd
 		stamp, err := stampOf(filepath.Join(root, name))
 		if err != nil {
 			continue // removed meanwhile
@@ -158,20 +150,13 @@ func (ps *partScans) scan(root string, full bool, now time.Time) (parts []Partit
 // ones as last scanned, the others scanned now. Unlike scan it changes
 // nothing the passes rely on (for status and the metrics).
 func (ps *partScans) view(root string, now time.Time) ([]Partition, error) {
-	des, err := os.ReadDir(root)
+	dirs, err := livePartitionDirs(root)
 	if err != nil {
 		return nil, err
 	}
 	var parts []Partition
-	for _, de := range des {
-		if !de.IsDir() {
-			continue
-		}
-		pd, ok := livePartitionDir(de.Name())
-		if !ok {
-			continue
-		}
-		name := de.Name()
+	for _, d := range dirs {
+		name, pd := d.name, d.pd
 		stamp, err := stampOf(filepath.Join(root, name))
 		if err != nil {
 			continue // removed meanwhile
