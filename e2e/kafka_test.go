@@ -396,11 +396,9 @@ func TestKafkaRestarts(t *testing.T) {
 	createTopic(t, br, s.Topic, nil)
 	part := filepath.Join(mnt, s.Topic+"-0")
 
-	// An upload is under way while its journal exists.
-	uploading := func() bool {
-		ents, _ := os.ReadDir(filepath.Join(backing, ".tierfs", "journal"))
-		return len(ents) > 0
-	}
+	// An upload is under way while its journal exists, or its shipment
+	// is still shipping.
+	uploading := func() bool { return shipping(backing) }
 
 	produce(t, br, s, 0, 20000)
 	waitFor(t, time.Minute, "an upload under way", uploading, m.Log)
