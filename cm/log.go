@@ -2,11 +2,9 @@ package cm
 
 import (
 	"bufio"
-	"bytes"
 	"encoding/json"
 	"errors"
 	"fmt"
-	"hash/crc32"
 	"io"
 	"os"
 	"path/filepath"
@@ -15,6 +13,7 @@ import (
 	"strings"
 	"sync"
 
+	"github.com/tierfs/tierfs/internal/crcline"
 	"github.com/tierfs/tierfs/internal/fsutil"
 )
 
@@ -90,8 +89,8 @@ type Event struct {
 func (e Event) Retains() bool { return e.Name != "" || e.Pending != "" }
 
 // The event log is a directory of segment files named by the id of their
-// first event. Each line is "<crc32c of the JSON, 8 hex> <JSON>\n", so a
-// line torn by a crash is told from a good one. It is append-only: old
+// first event. Each line is "<crc32c of the JSON, 8 hex> <JSON>\n"
+// (internal/crcline), so a line torn by a crash is told from a good one. It is append-only: old
 // segments are removed whole by the retention cleaner.
 type eventLog struct {
 	dir string
@@ -112,8 +111,6 @@ const defaultSegmentBytes = 16 << 20
 // maxLine bounds one log line; events are a few hundred bytes, paths at
 // most 4 KiB.
 const maxLine = 64 << 10
-
-var castagnoli = crc32.MakeTable(crc32.Castagnoli)
 
 func segName(first uint64) string { return fmt.Sprintf("%020d.log", first) }
 
@@ -245,16 +242,9 @@ func parseLine(line []byte, readErr error) (Event, error) {
 	if len(line) == 0 || line[len(line)-1] != '\n' {
 		return ev, errors.New("unterminated line")
 	}
-	sum, body, ok := bytes.Cut(line[:len(line)-1], []byte{' '})
-	if !ok || len(sum) != 8 {
-		return ev, errors.New("no checksum")
-	}
-	want, err := strconv.ParseUint(string(sum), 16, 32)
+	body, err := crcline.Body(line[:len(line)-1])
 	if err != nil {
-		return ev, errors.New("bad checksum field")
-	}
-	if crc32.Checksum(body, castagnoli) != uint32(want) {
-		return ev, errors.New("checksum mismatch")
+		return ev, err
 	}
 	if err := json.Unmarshal(body, &ev); err != nil {
 		return ev, err
@@ -297,11 +287,7 @@ func (l *eventLog) append(ev *Event) error {
 	// "<crc> " is filled in once the body is there.
 	line := append(l.buf[:0], "00000000 "...)
 	line = appendEvent(line, ev)
-	sum := crc32.Checksum(line[9:], castagnoli)
-	for i := 7; i >= 0; i-- {
-		line[i] = hexDigits[sum&0xf]
-		sum >>= 4
-	}
+	crcline.Seal(line)
 	line = append(line, '\n')
 	l.buf = line
 	if _, err := l.f.Write(line); err != nil {

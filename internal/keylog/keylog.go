@@ -5,8 +5,9 @@
 // file per key, where every value takes a file system block and every
 // write a create, an fsync and a rename.
 //
-// The format (docs/formats.md, "Keyed logs"): each line is the CRC32C of
-// its JSON, as 8 lowercase hex digits, a space, the JSON and a newline.
+// The format (docs/formats.md, "Keyed logs"): each line is framed as
+// internal/crcline frames it (the CRC32C of its JSON, as 8 lowercase hex
+// digits, a space, the JSON and a newline).
 // The JSON is {"k":key,"v":value} for a put and {"k":key} for a delete.
 // A last line that is cut short or does not match its CRC is a torn
 // append (a crash before its sync returned) and is cut off when the file
@@ -19,16 +20,14 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
-	"hash/crc32"
-	"io"
 	"os"
 	"path/filepath"
 	"sort"
-	"strconv"
 	"sync"
-)
 
-var castagnoli = crc32.MakeTable(crc32.Castagnoli)
+	"github.com/tierfs/tierfs/internal/crcline"
+	"github.com/tierfs/tierfs/internal/fsutil"
+)
 
 // MaxLine is the longest line a log holds (value, key and framing).
 const MaxLine = 1 << 20
@@ -83,10 +82,7 @@ func Open(path string) (*Log, int64, error) {
 	}
 	cut := int64(len(b)) - valid
 	if cut > 0 {
-		if err := os.Truncate(path, valid); err != nil {
-			return nil, 0, err
-		}
-		if err := syncPath(path); err != nil {
+		if err := cutTo(path, valid); err != nil {
 			return nil, 0, err
 		}
 	}
@@ -141,17 +137,11 @@ func decode(b []byte) (line, error) {
 	if len(b) > MaxLine {
 		return ln, fmt.Errorf("line of %d bytes, more than %d", len(b), MaxLine)
 	}
-	if len(b) < 10 || b[8] != ' ' {
-		return ln, errors.New("not a CRC and a space")
-	}
-	want, err := strconv.ParseUint(string(b[:8]), 16, 32)
+	body, err := crcline.Body(b)
 	if err != nil {
-		return ln, fmt.Errorf("bad CRC %q", b[:8])
+		return ln, err
 	}
-	if got := crc32.Checksum(b[9:], castagnoli); uint32(want) != got {
-		return ln, fmt.Errorf("CRC32C %08x, line says %08x", got, want)
-	}
-	if err := json.Unmarshal(b[9:], &ln); err != nil {
+	if err := json.Unmarshal(body, &ln); err != nil {
 		return ln, fmt.Errorf("bad JSON: %v", err)
 	}
 	if ln.K == "" {
@@ -168,12 +158,9 @@ func encode(key string, val []byte) ([]byte, error) {
 	if err != nil {
 		return nil, err
 	}
-	out := make([]byte, 0, len(j)+10)
-	out = fmt.Appendf(out, "%08x ", crc32.Checksum(j, castagnoli))
-	out = append(out, j...)
-	out = append(out, '\n')
+	out := crcline.Append(make([]byte, 0, len(j)+crcline.Prefix+1), j)
 	if len(out)-1 > MaxLine {
-		return nil, fmt.Errorf("%s: a line of %d bytes for %s, more than %d", "keylog", len(out), key, MaxLine)
+		return nil, fmt.Errorf("keylog: a line of %d bytes for %s, more than %d", len(out), key, MaxLine)
 	}
 	return out, nil
 }
@@ -305,7 +292,7 @@ func (l *Log) write(key string, val []byte) error {
 			if err := os.Remove(l.path); err != nil && !errors.Is(err, os.ErrNotExist) {
 				return err
 			}
-			if err := syncPath(filepath.Dir(l.path)); err != nil {
+			if err := fsutil.SyncDir(filepath.Dir(l.path)); err != nil {
 				return err
 			}
 			l.at, l.size, l.live = map[string]span{}, 0, 0
@@ -330,7 +317,7 @@ func (l *Log) write(key string, val []byte) error {
 		return l.undo(f, err)
 	}
 	if created {
-		if err := syncPath(filepath.Dir(l.path)); err != nil {
+		if err := fsutil.SyncDir(filepath.Dir(l.path)); err != nil {
 			return err
 		}
 	}
@@ -361,7 +348,7 @@ func (l *Log) undo(f *os.File, err error) error {
 }
 
 // compactLocked rewrites the file with only the live lines, beside it,
-// and renames it over.
+// and renames it over (fsutil.WriteFileAtomic).
 func (l *Log) compactLocked() error {
 	old, err := os.ReadFile(l.path)
 	if err != nil {
@@ -382,44 +369,22 @@ func (l *Log) compactLocked() error {
 		at[k] = span{int64(len(out)), sp.n}
 		out = append(out, old[sp.off:sp.off+sp.n]...)
 	}
-	tmp := l.path + ".compact"
-	f, err := os.OpenFile(tmp, os.O_WRONLY|os.O_CREATE|os.O_TRUNC, 0o644)
-	if err != nil {
-		return err
-	}
-	if _, err := f.Write(out); err != nil {
-		f.Close()
-		os.Remove(tmp)
-		return err
-	}
-	if err := f.Sync(); err != nil {
-		f.Close()
-		os.Remove(tmp)
-		return err
-	}
-	if err := f.Close(); err != nil {
-		os.Remove(tmp)
-		return err
-	}
-	if err := os.Rename(tmp, l.path); err != nil {
-		os.Remove(tmp)
-		return err
-	}
-	if err := syncPath(filepath.Dir(l.path)); err != nil {
+	if err := fsutil.WriteFileAtomic(l.path, out, 0o644); err != nil {
 		return err
 	}
 	l.at, l.size, l.live = at, int64(len(out)), int64(len(out))
 	return nil
 }
 
-func syncPath(p string) error {
-	f, err := os.Open(p)
+// cutTo cuts the file at path to size bytes, durably.
+func cutTo(path string, size int64) error {
+	f, err := os.OpenFile(path, os.O_WRONLY, 0)
 	if err != nil {
 		return err
 	}
 	defer f.Close()
-	if err := f.Sync(); err != nil && !errors.Is(err, io.EOF) {
+	if err := f.Truncate(size); err != nil {
 		return err
 	}
-	return nil
+	return f.Sync()
 }
