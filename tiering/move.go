@@ -488,8 +488,7 @@ func (m *Move) run(ctx context.Context) error {
 	}
 	m.done = true
 	t.moves.remove(m.rec.Ino)
-	t.changed(m.rec.Ino)
-	t.scans.touch(m.rec.Ino) // local and changed: the next pass ships it again
+	t.changed(m.rec.Ino) // local and changed: its partition is touched, the next pass ships it again
 	t.counters.HydratedSegments[m.cause].Add(1)
 	t.counters.HydratedBytes[m.cause].Add(m.rec.Size)
 	m.remote.Close()

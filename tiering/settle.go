@@ -98,7 +98,7 @@ func (ps *partScans) scan(root string, full bool, now time.Time) (parts []Partit
 		}
 		seen[name] = true
 		old := olds[name]
-		if !full && old != nil && old.settled.Load() && old.dir == stamp && (old.due.Load() == 0 || now.UnixNano() < old.due.Load()) {
+		if !full && old.reusable(stamp, now) {
 			parts = append(parts, old.current())
 			continue
 		}
@@ -164,7 +164,7 @@ func (ps *partScans) view(root string, now time.Time) ([]Partition, error) {
 		ps.mu.RLock()
 		old := ps.byName[name]
 		ps.mu.RUnlock()
-		if old != nil && old.settled.Load() && old.dir == stamp && (old.due.Load() == 0 || now.UnixNano() < old.due.Load()) {
+		if old.reusable(stamp, now) {
 			parts = append(parts, old.current())
 			continue
 		}
@@ -175,6 +175,13 @@ func (ps *partScans) view(root string, now time.Time) ([]Partition, error) {
 		parts = append(parts, p)
 	}
 	return parts, nil
+}
+
+// reusable says whether a partition last scanned as s (nil: never) can
+// be taken as it is: settled, its directory unchanged (stamp now), and
+// no retention age due.
+func (s *partScan) reusable(stamp dirStamp, now time.Time) bool {
+	return s != nil && s.settled.Load() && s.dir == stamp && (s.due.Load() == 0 || now.UnixNano() < s.due.Load())
 }
 
 // current is the partition as scanned, with its active segment's size
