@@ -2,7 +2,6 @@ package tiering
 
 import (
 	"encoding/json"
-	"errors"
 	"fmt"
 	"log/slog"
 	"os"
@@ -48,12 +47,9 @@ func (mc *manifestCopies) logOf(key string) (*keylog.Log, error) {
 		return l, nil
 	}
 	root := filepath.Join(mc.dir(), "manifests")
-	l, cut, err := keylog.Open(filepath.Join(root, g+keyLogExt))
+	l, err := openKeyLog(filepath.Join(root, g+keyLogExt), "manifest", mc.log)
 	if err != nil {
 		return nil, err
-	}
-	if cut > 0 {
-		mc.log.Warn("cut a torn append off a manifest log", "path", l.Path(), "bytes", cut)
 	}
 	if err := mc.migrate(filepath.Join(root, g), g, l); err != nil {
 		return nil, err
@@ -62,40 +58,21 @@ func (mc *manifestCopies) logOf(key string) (*keylog.Log, error) {
 	return l, nil
 }
 
-// migrate moves the legacy manifest files of group g (in dir) into its
-// log: each appended and synced before its file is removed.
+// migrate moves the legacy manifest files of group g (in dir), if any,
+// into its log.
 func (mc *manifestCopies) migrate(dir, g string, l *keylog.Log) error {
-	ents, err := os.ReadDir(dir)
-	if errors.Is(err, os.ErrNotExist) {
-		return nil
-	}
-	if err != nil {
-		return err
-	}
-	n := 0
-	for _, e := range ents {
-		if !e.Type().IsRegular() || filepath.Ext(e.Name()) != ".json" {
-			continue
-		}
-		p := filepath.Join(dir, e.Name())
-		b, err := os.ReadFile(p)
-		if err != nil {
-			return err
-		}
+	n, err := moveLegacyFiles(dir, l, func(p string, b []byte) (string, []byte, error) {
 		m, err := chunkxfer.ParseManifest(b)
 		if err != nil {
-			return fmt.Errorf("manifest copy %s: %w", p, err)
+			return "", nil, fmt.Errorf("manifest copy %s: %w", p, err)
 		}
 		if manifestGroup(m.Key) != g {
-			return fmt.Errorf("manifest copy %s: of %s, not an object of %s", p, m.Key, g)
+			return "", nil, fmt.Errorf("manifest copy %s: of %s, not an object of %s", p, m.Key, g)
 		}
-		if err := l.Put(m.Key, b); err != nil {
-			return err
-		}
-		if err := os.Remove(p); err != nil {
-			return err
-		}
-		n++
+		return m.Key, b, nil
+	})
+	if err != nil {
+		return err
 	}
 	os.Remove(dir) // once empty
 	if n > 0 {

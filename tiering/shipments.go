@@ -44,13 +44,10 @@ func newShipmentCatalog(dir func() string, log *slog.Logger) *shipmentCatalog {
 	return &shipmentCatalog{dir: dir, log: log, byPart: map[string]map[string]Shipment{}, logs: map[string]*keylog.Log{}, names: map[string]string{}, lists: map[string][]string{}}
 }
 
-// keyLogExt ends the name of a keyed log (internal/keylog) in the state dir.
-const keyLogExt = ".klog"
-
 func (c *shipmentCatalog) root() string { return filepath.Join(c.dir(), "shipments") }
 
 // loadLocked reads every shipment log, once, moving legacy shipment
-// files into them.
+// files into them first.
 func (c *shipmentCatalog) loadLocked() error {
 	if c.loaded {
 		return nil
@@ -59,51 +56,43 @@ func (c *shipmentCatalog) loadLocked() error {
 	if err != nil && !os.IsNotExist(err) {
 		return err
 	}
-	byPart, logs := map[string]map[string]Shipment{}, map[string]*keylog.Log{}
-	add := func(part string, s Shipment) {
-		if byPart[part] == nil {
-			byPart[part] = map[string]Shipment{}
-		}
-		byPart[part][s.Key] = c.keptLocked(s)
-	}
+	// A partition has a log, a legacy directory, or both (a crash
+	// while its files moved).
+	var parts []string
 	for _, e := range ents {
 		if part, ok := strings.CutSuffix(e.Name(), keyLogExt); ok && e.Type().IsRegular() {
-			l, err := c.openLog(part)
-			if err != nil {
-				return err
-			}
-			logs[part] = l
-			err = l.Each(func(key string, val []byte) error {
-				s, err := decodeShipment(val)
-				if err != nil {
-					return fmt.Errorf("shipment %s in %s: %w", key, l.Path(), err)
-				}
-				add(part, s)
-				return nil
-			})
-			if err != nil {
-				return err
-			}
+			parts = append(parts, part)
+		} else if e.IsDir() {
+			parts = append(parts, e.Name())
 		}
 	}
-	for _, e := range ents {
-		if !e.IsDir() {
-			continue
+	byPart, logs := map[string]map[string]Shipment{}, map[string]*keylog.Log{}
+	for _, part := range parts {
+		if logs[part] != nil {
+			continue // both: done
 		}
-		part := e.Name()
-		if logs[part] == nil {
-			l, err := c.openLog(part)
-			if err != nil {
-				return err
-			}
-			logs[part] = l
-		}
-		ss, err := c.migrate(part, logs[part])
+		l, err := c.openLog(part)
 		if err != nil {
 			return err
 		}
-		for _, s := range ss {
-			add(part, s)
+		logs[part] = l
+		if err := c.migrate(part, l); err != nil {
+			return err
+		}
+		err = l.Each(func(key string, val []byte) error {
+			// Kept as the line has it: objects from the stem mark on.
+			var s Shipment
+			if err := json.Unmarshal(val, &s); err != nil {
+				return fmt.Errorf("shipment %s in %s: %w", key, l.Path(), err)
+			}
+			if byPart[part] == nil {
+				byPart[part] = map[string]Shipment{}
+			}
+			byPart[part][s.Key] = c.keptLocked(s)
+			return nil
+		})
+		if err != nil {
+			return err
 		}
 	}
 	c.byPart, c.logs, c.loaded = byPart, logs, true
@@ -111,59 +100,32 @@ func (c *shipmentCatalog) loadLocked() error {
 }
 
 func (c *shipmentCatalog) openLog(part string) (*keylog.Log, error) {
-	l, cut, err := keylog.Open(filepath.Join(c.root(), part+keyLogExt))
-	if err != nil {
-		return nil, err
-	}
-	if cut > 0 {
-		c.log.Warn("cut a torn append off a shipment log", "path", l.Path(), "bytes", cut)
-	}
-	return l, nil
+	return openKeyLog(filepath.Join(c.root(), part+keyLogExt), "shipment", c.log)
 }
 
-// migrate moves the legacy shipment files of a partition into its log:
-// each is appended (and synced) before its file is removed, so a crash
-// in between leaves both, the same.
-func (c *shipmentCatalog) migrate(part string, l *keylog.Log) ([]Shipment, error) {
+// migrate moves the legacy shipment files of a partition, if any, into
+// its log, and removes their directory.
+func (c *shipmentCatalog) migrate(part string, l *keylog.Log) error {
 	dir := filepath.Join(c.root(), part)
-	ents, err := os.ReadDir(dir)
-	if err != nil {
-		return nil, err
-	}
-	var out []Shipment
-	for _, e := range ents {
-		if filepath.Ext(e.Name()) != ".json" {
-			continue
-		}
-		p := filepath.Join(dir, e.Name())
-		b, err := os.ReadFile(p)
-		if err != nil {
-			return nil, err
-		}
+	n, err := moveLegacyFiles(dir, l, func(p string, b []byte) (string, []byte, error) {
 		var s Shipment
 		if err := json.Unmarshal(b, &s); err != nil {
-			return nil, fmt.Errorf("shipment %s: %w", p, err)
+			return "", nil, fmt.Errorf("shipment %s: %w", p, err)
 		}
 		s.Version = 1
 		v, err := encodeShipment(s)
-		if err != nil {
-			return nil, err
-		}
-		if err := l.Put(s.Key, v); err != nil {
-			return nil, err
-		}
-		if err := os.Remove(p); err != nil {
-			return nil, err
-		}
-		out = append(out, s)
+		return s.Key, v, err
+	})
+	if err != nil {
+		return err
 	}
-	if err := os.Remove(dir); err != nil {
-		return nil, fmt.Errorf("legacy shipments of %s: %w", part, err)
+	if err := os.Remove(dir); err != nil && !os.IsNotExist(err) {
+		return fmt.Errorf("legacy shipments of %s: %w", part, err)
 	}
-	if len(out) > 0 {
-		c.log.Info("moved shipment files into the partition's shipment log", "partition", part, "shipments", len(out))
+	if n > 0 {
+		c.log.Info("moved shipment files into the partition's shipment log", "partition", part, "shipments", n)
 	}
-	return out, nil
+	return nil
 }
 
 // get is the shipment of key in partition; an error for which
@@ -299,13 +261,12 @@ func sortShipments(ss []Shipment) {
 const stemMark = "~"
 
 // keptLocked is s as the catalog keeps it: its objects from the stem
-// mark on, each such name shared.
+// mark on (as in its log line), each such name shared.
 func (c *shipmentCatalog) keptLocked(s Shipment) Shipment {
-	stem := strings.TrimSuffix(s.Key, kafka.KindLog)
 	objs := make([]string, len(s.Objects))
 	for i, o := range s.Objects {
-		if rest, ok := strings.CutPrefix(o, stem); ok && stem != "" {
-			o = c.name(stemMark + rest)
+		if o = stemForm(s.Key, o); strings.HasPrefix(o, stemMark) {
+			o = c.name(o)
 		}
 		objs[i] = o
 	}
@@ -331,51 +292,47 @@ func (c *shipmentCatalog) name(v string) string {
 	return v
 }
 
+// stemForm is object o of the shipment of key as its log line writes
+// it: from the stem mark on, if it starts with the stem (the key
+// without its kind); as it is otherwise (already so, or another
+// broker's object).
+func stemForm(key, o string) string {
+	stem := strings.TrimSuffix(key, kafka.KindLog)
+	if rest, ok := strings.CutPrefix(o, stem); ok && stem != "" {
+		return stemMark + rest
+	}
+	return o
+}
+
+// wholeForm is object o of the shipment of key as a whole key.
+func wholeForm(key, o string) string {
+	if rest, ok := strings.CutPrefix(o, stemMark); ok {
+		return strings.TrimSuffix(key, kafka.KindLog) + rest
+	}
+	return o
+}
+
 // expandShipment is a kept shipment with whole object keys, in a slice
 // of its own.
 func expandShipment(s Shipment) Shipment {
-	stem := strings.TrimSuffix(s.Key, kafka.KindLog)
 	objs := make([]string, len(s.Objects))
 	for i, o := range s.Objects {
-		if rest, ok := strings.CutPrefix(o, stemMark); ok {
-			o = stem + rest
-		}
-		objs[i] = o
+		objs[i] = wholeForm(s.Key, o)
 	}
 	s.Objects = objs
 	return s
 }
 
-// encodeShipment is s as a shipment log value: its objects that start
-// with its stem are written from the mark on.
+// encodeShipment is s (with whole object keys) as a shipment log value:
+// its objects that start with its stem are written from the mark on.
 func encodeShipment(s Shipment) ([]byte, error) {
-	stem := strings.TrimSuffix(s.Key, kafka.KindLog)
 	objs := make([]string, len(s.Objects))
 	for i, o := range s.Objects {
 		if strings.HasPrefix(o, stemMark) {
 			return nil, fmt.Errorf("shipment of %s: object %q starts with %q", s.Key, o, stemMark)
 		}
-		if rest, ok := strings.CutPrefix(o, stem); ok && stem != "" {
-			o = stemMark + rest
-		}
-		objs[i] = o
+		objs[i] = stemForm(s.Key, o)
 	}
 	s.Objects = objs
 	return json.Marshal(s)
-}
-
-// decodeShipment reads a shipment log value (or a legacy shipment
-// file, whose objects are whole keys).
-func decodeShipment(b []byte) (Shipment, error) {
-	var s Shipment
-	if err := json.Unmarshal(b, &s); err != nil {
-		return s, err
-	}
-	stem := strings.TrimSuffix(s.Key, kafka.KindLog)
-	for i, o := range s.Objects {
-		if rest, ok := strings.CutPrefix(o, stemMark); ok {
-			s.Objects[i] = stem + rest
-		}
-	}
-	return s, nil
 }
