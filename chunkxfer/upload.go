@@ -438,8 +438,7 @@ func (t *upload) run(ctx context.Context, f *os.File) (*Manifest, error) {
 			return nil, err
 		}
 	}
-	m := &Manifest{Version: manifestVersion, Key: t.h.Key, ETag: info.ETag, Size: size, ChunkSize: cs, CRC32C: crcs,
-		Whole: compositeChecksum(crcs), Source: t.h.Source, From: t.h.From, Stored: time.Now().UTC(), Broker: t.u.broker()}
+	m := t.u.manifest(t.h.Key, info.ETag, size, cs, crcs, t.h.Source, t.h.From)
 	if err := putManifest(ctx, t.u.Store, m); err != nil {
 		return nil, err
 	}
@@ -607,9 +606,16 @@ func (u *Uploader) putSmall(ctx context.Context, f *os.File, path, key string, s
 	if progress != nil {
 		progress(size, size)
 	}
-	m := &Manifest{Version: manifestVersion, Key: key, ETag: info.ETag, Size: size, ChunkSize: u.chunkSize(), CRC32C: crcs,
-		Whole: compositeChecksum(crcs), Source: src, From: from, Stored: time.Now().UTC(), Broker: u.broker()}
+	m := u.manifest(key, info.ETag, size, u.chunkSize(), crcs, src, from)
 	return m, putManifest(ctx, u.Store, m)
+}
+
+// manifest is the manifest of an object this uploader stored: key and
+// etag, size bytes in chunks of chunkSize with checksums crcs, of the
+// file src from position from.
+func (u *Uploader) manifest(key, etag string, size, chunkSize int64, crcs []uint32, src Source, from int64) *Manifest {
+	return &Manifest{Version: manifestVersion, Key: key, ETag: etag, Size: size, ChunkSize: chunkSize, CRC32C: crcs,
+		Whole: compositeChecksum(crcs), Source: src, From: from, Stored: time.Now().UTC(), Broker: u.broker()}
 }
 
 // putEmpty stores an empty file: no parts (S3 wants at least one, of
@@ -619,8 +625,7 @@ func (u *Uploader) putEmpty(ctx context.Context, key string, src Source, from in
 	if err != nil {
 		return nil, err
 	}
-	m := &Manifest{Version: manifestVersion, Key: key, ETag: info.ETag, ChunkSize: u.chunkSize(),
-		Whole: compositeChecksum(nil), Source: src, From: from, Stored: time.Now().UTC(), Broker: u.broker()}
+	m := u.manifest(key, info.ETag, 0, u.chunkSize(), nil, src, from)
 	return m, putManifest(ctx, u.Store, m)
 }
 
@@ -663,8 +668,7 @@ func (u *Uploader) finishCompleted(ctx context.Context, path, key string, src So
 		}
 		crcs = append(crcs, r.CRC32C)
 	}
-	m := &Manifest{Version: manifestVersion, Key: key, ETag: info.ETag, Size: size, ChunkSize: cs, CRC32C: crcs,
-		Whole: compositeChecksum(crcs), Source: src, From: from, Stored: time.Now().UTC(), Broker: u.broker()}
+	m := u.manifest(key, info.ETag, size, cs, crcs, src, from)
 	if err := Verify(ctx, u.Store, m); err != nil {
 		u.log().Warn("completed upload does not verify; uploading again", "key", key, "err", err)
 		return nil, nil

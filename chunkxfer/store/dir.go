@@ -146,18 +146,24 @@ func (d *Dir) writeTemp(body io.Reader, size int64) (string, error) {
 		os.Remove(f.Name())
 		return "", err
 	}
-	if n, err := io.Copy(f, io.LimitReader(body, size)); err != nil {
-		return fail(err)
-	} else if n != size {
-		return fail(fmt.Errorf("body has %d bytes, want %d", n, size))
-	}
-	if err := f.Sync(); err != nil {
+	if err := writeBody(f, body, size); err != nil {
 		return fail(err)
 	}
 	if err := f.Close(); err != nil {
 		return fail(err)
 	}
 	return f.Name(), nil
+}
+
+// writeBody copies size bytes of body into f, which must take exactly
+// that many, and syncs f.
+func writeBody(f *os.File, body io.Reader, size int64) error {
+	if n, err := io.Copy(f, io.LimitReader(body, size)); err != nil {
+		return err
+	} else if n != size {
+		return fmt.Errorf("body has %d bytes, want %d", n, size)
+	}
+	return f.Sync()
 }
 
 // install renames a synced temporary file to key's path.
@@ -247,12 +253,7 @@ func (d *Dir) putNew(key, p string, body io.ReadSeeker, size int64) (info Object
 	if _, err := body.Seek(0, io.SeekStart); err != nil {
 		return ObjectInfo{}, true, err
 	}
-	if n, err := io.Copy(f, io.LimitReader(body, size)); err != nil {
-		return ObjectInfo{}, true, fmt.Errorf("put %s: %w", key, err)
-	} else if n != size {
-		return ObjectInfo{}, true, fmt.Errorf("put %s: body has %d bytes, want %d", key, n, size)
-	}
-	if err := f.Sync(); err != nil {
+	if err := writeBody(f, body, size); err != nil {
 		return ObjectInfo{}, true, fmt.Errorf("put %s: %w", key, err)
 	}
 	err = unix.Linkat(unix.AT_FDCWD, "/proc/self/fd/"+strconv.Itoa(fd), unix.AT_FDCWD, p, unix.AT_SYMLINK_FOLLOW)
