@@ -136,15 +136,13 @@ func run(c config) error {
 	// The metrics are read once a second, as a scraper would (faster
 	// polling would measure the scrapes).
 	var shipped float64
-	for deadline := time.Now().Add(3 * time.Hour); ; time.Sleep(time.Second) {
+	err = benchutil.WaitEvery(func() bool {
 		shipped, _ = benchutil.Metric(addr, "tierfs_remote_copy_segments_total")
-		if int(shipped) >= total {
-			break
-		}
-		if time.Now().After(deadline) {
-			unmount()
-			return fmt.Errorf("every segment shipped: not after 3h (%d of %d shipped)", int(shipped), total)
-		}
+		return int(shipped) >= total
+	}, 3*time.Hour, time.Second, "every segment shipped")
+	if err != nil {
+		unmount()
+		return fmt.Errorf("%w (%d of %d shipped)", err, int(shipped), total)
 	}
 	shipTook := time.Since(t0)
 	cpu1, _ := procmem.CPUSeconds(pid)

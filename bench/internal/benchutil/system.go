@@ -42,19 +42,29 @@ func DropCaches() {
 
 // TryWait polls cond every 50 ms for up to d; it reports whether cond held.
 func TryWait(cond func() bool, d time.Duration) bool {
+	return tryWaitEvery(cond, d, 50*time.Millisecond)
+}
+
+func tryWaitEvery(cond func() bool, d, every time.Duration) bool {
 	deadline := time.Now().Add(d)
 	for !cond() {
 		if time.Now().After(deadline) {
 			return false
 		}
-		time.Sleep(50 * time.Millisecond)
+		time.Sleep(every)
 	}
 	return true
 }
 
 // WaitFor is TryWait with an error naming what did not become ready.
 func WaitFor(cond func() bool, d time.Duration, what string) error {
-	if !TryWait(cond, d) {
+	return WaitEvery(cond, d, 50*time.Millisecond, what)
+}
+
+// WaitEvery is WaitFor polling every interval: where polling costs the
+// process measured (a scrape of its metrics), as seldom as a scraper.
+func WaitEvery(cond func() bool, d, every time.Duration, what string) error {
+	if !tryWaitEvery(cond, d, every) {
 		return fmt.Errorf("%s: not ready after %v", what, d)
 	}
 	return nil
