@@ -387,3 +387,20 @@ func TestLegacyStateDirKeepsWorking(t *testing.T) {
 		t.Fatalf("%d shipments after the move, want %d", len(all), len(ships))
 	}
 }
+
+// all are every shipment, by partition and base offset.
+func (c *shipmentCatalog) all() ([]Shipment, error) {
+	parts, err := c.partitions(func(string) bool { return false })
+	if err != nil {
+		return nil, err
+	}
+	var out []Shipment
+	for _, part := range parts {
+		ss, err := c.of(part)
+		if err != nil {
+			return nil, err
+		}
+		out = append(out, ss...)
+	}
+	return out, nil
+}

@@ -133,7 +133,7 @@ func (dl *deleter) alive(rootFd int, s Shipment) (bool, error) {
 func (dl *deleter) followDeletions(ctx context.Context, live map[uint64]Segment, settled func(partition string) bool) (deleted int, errs []error, unsure map[string]bool) {
 	// A settled partition's shipments are all alive (its directory did
 	// not change, and the pass that settled it had none to delete).
-	ships, err := dl.t.shipments.except(settled)
+	parts, err := dl.t.shipments.partitions(settled)
 	if err != nil {
 		return 0, []error{err}, nil
 	}
@@ -143,11 +143,23 @@ func (dl *deleter) followDeletions(ctx context.Context, live map[uint64]Segment,
 	}
 	defer unix.Close(rootFd)
 	unsure = map[string]bool{}
-	type at struct {
-		partition string
-		base      int64
+	// One partition at a time: a pass holds one partition's shipments
+	// in their whole form, never every shipment of the mount.
+	for _, part := range parts {
+		n, perrs := dl.followPartition(ctx, rootFd, part, live, unsure)
+		deleted += n
+		errs = append(errs, perrs...)
 	}
-	lives := map[at]int{} // live shipments at a partition's base offset
+	return deleted, errs, unsure
+}
+
+// followPartition is followDeletions for one partition.
+func (dl *deleter) followPartition(ctx context.Context, rootFd int, part string, live map[uint64]Segment, unsure map[string]bool) (deleted int, errs []error) {
+	ships, err := dl.t.shipments.of(part)
+	if err != nil {
+		return 0, []error{err}
+	}
+	lives := map[int64]int{} // live shipments at a base offset
 	var gone []Shipment
 	for _, s := range ships {
 		if s.State != ShipmentDeleting {
@@ -155,7 +167,7 @@ func (dl *deleter) followDeletions(ctx context.Context, live map[uint64]Segment,
 				// Its file is a live segment that the scan just saw,
 				// and its record names this shipment: no need to look
 				// for it by handle.
-				lives[at{s.Partition, s.Base}]++
+				lives[s.Base]++
 				continue
 			}
 			ok, err := dl.alive(rootFd, s)
@@ -167,42 +179,40 @@ func (dl *deleter) followDeletions(ctx context.Context, live map[uint64]Segment,
 				errs = append(errs, err)
 			}
 			if ok {
-				lives[at{s.Partition, s.Base}]++
-				unsure[s.Partition] = true
+				lives[s.Base]++
+				unsure[part] = true
 				continue
 			}
 		}
 		gone = append(gone, s)
 	}
-	touched := map[string]bool{}
 	for _, s := range gone {
 		if !dl.t.claims.take(objectClaim(s.Key)) {
-			unsure[s.Partition] = true
+			unsure[part] = true
 			continue
 		}
-		err := dl.deleteShipment(ctx, s, lives[at{s.Partition, s.Base}] > 0)
+		err := dl.deleteShipment(ctx, s, lives[s.Base] > 0)
 		dl.t.claims.release(objectClaim(s.Key))
 		if errors.Is(err, errReferenced) || errors.Is(err, ErrIndexMoved) {
-			unsure[s.Partition] = true // tried again next pass
+			unsure[part] = true // tried again next pass
 			// Kept for now (another broker reads from it, or kept
 			// changing the index); tried again every pass.
 			dl.t.cfg.Log.Debug("remote copy of a deleted segment kept for now", "key", s.Key, "err", err)
 			continue
 		}
 		if err != nil {
-			errs = append(errs, dl.t.status.noteErr(s.Partition, fmt.Errorf("delete remote copy %s: %w", s.Key, err)))
-			unsure[s.Partition] = true
+			errs = append(errs, dl.t.status.noteErr(part, fmt.Errorf("delete remote copy %s: %w", s.Key, err)))
+			unsure[part] = true
 			continue
 		}
-		touched[s.Partition] = true
 		deleted++
 	}
-	for p := range touched {
-		if err := dl.dropEmptyIndex(ctx, p); err != nil {
+	if deleted > 0 {
+		if err := dl.dropEmptyIndex(ctx, part); err != nil {
 			errs = append(errs, err)
 		}
 	}
-	return deleted, errs, unsure
+	return deleted, errs
 }
 
 // deleteShipment deletes one gone shipment: marked deleting first, then

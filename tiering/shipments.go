@@ -215,30 +215,22 @@ func (c *shipmentCatalog) of(partition string) ([]Shipment, error) {
 	return out, nil
 }
 
-// all are every shipment, by partition and base offset.
-func (c *shipmentCatalog) all() ([]Shipment, error) {
-	return c.except(func(string) bool { return false })
-}
-
-// except are the shipments of every partition but those skip names,
-// by partition and base offset: a pass leaves out the settled ones
-// without copying them.
-func (c *shipmentCatalog) except(skip func(partition string) bool) ([]Shipment, error) {
+// partitions are the partitions with shipments but those skip names,
+// sorted: a pass leaves out the settled ones, and takes the others'
+// shipments one partition at a time.
+func (c *shipmentCatalog) partitions(skip func(partition string) bool) ([]string, error) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	if err := c.loadLocked(); err != nil {
 		return nil, err
 	}
-	var out []Shipment
-	for part, ss := range c.byPart {
-		if skip(part) {
-			continue
-		}
-		for _, s := range ss {
-			out = append(out, expandShipment(s))
+	var out []string
+	for part := range c.byPart {
+		if !skip(part) {
+			out = append(out, part)
 		}
 	}
-	sortShipments(out)
+	slices.Sort(out)
 	return out, nil
 }
 

@@ -158,6 +158,11 @@ func run(c config) error {
 	add("idle CPU, --tier-interval 2s", fmt.Sprintf("%.2f%% of a core", 100*cpu2), "≤ 2%", cpu2 <= 0.02)
 	rss, _ := procmem.RSS(pid)
 	add("RSS of tierfs, idle", size(rss), "≤ 200 MiB", rss <= 200<<20)
+	peak, _ := procmem.PeakRSS(pid)
+	add("peak RSS of tierfs, shipping included", size(peak), "≤ 200 MiB", peak <= 200<<20)
+	if heap, err := benchutil.Metric(addr, "go_memstats_heap_inuse_bytes"); err == nil {
+		add("Go heap in use, idle", size(int64(heap)), "", false)
+	}
 	st := statusTime(c.bin, mnt)
 	add("tierfs status (median of 3)", st.Round(time.Millisecond).String(), "≤ 1s", st <= time.Second)
 	state := dirBytes(filepath.Join(backing, ".tierfs"))
