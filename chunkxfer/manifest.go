@@ -49,7 +49,32 @@ type Manifest struct {
 	// node.id or --broker-id); empty in manifests of tierfs before 0.x
 	// and of uploads outside a broker's mount.
 	Broker string `json:"broker,omitempty"`
+	// BlockSize and BlockCRC32C, when set, cut the object into blocks
+	// of BlockSize (a divisor of ChunkSize; the last block shorter) and
+	// give the CRC32C of each, big-endian, 4 bytes a block: a read of a
+	// few bytes fetches and checks the blocks that hold them, not a
+	// whole chunk. Objects of at most one block, and manifests of
+	// versions before 2026-12, have none.
+	BlockSize   int64  `json:"block_size,omitempty"`
+	BlockCRC32C []byte `json:"block_crc32c,omitempty"`
 }
+
+// DefaultBlockSize is the block of a first read: about one GET's
+// latency of transfer on a fast network, so that the first byte costs
+// about one small GET, not a whole chunk's.
+const DefaultBlockSize = 256 << 10
+
+// Blocks is the number of blocks (0 when the manifest has none).
+func (m *Manifest) Blocks() int { return len(m.BlockCRC32C) / 4 }
+
+// BlockRange is the byte range of block b.
+func (m *Manifest) BlockRange(b int) (off, n int64) {
+	off = int64(b) * m.BlockSize
+	return off, min(m.BlockSize, m.Size-off)
+}
+
+// blockCRC is the checksum of block b.
+func (m *Manifest) blockCRC(b int) uint32 { return binary.BigEndian.Uint32(m.BlockCRC32C[4*b:]) }
 
 // Source identifies the local file an object was uploaded from.
 type Source struct {
@@ -92,8 +117,32 @@ func (m *Manifest) check() error {
 		return fmt.Errorf("manifest of %s: %d checksums for %d bytes in chunks of %d", m.Key, len(m.CRC32C), m.Size, m.ChunkSize)
 	case m.Whole != compositeChecksum(m.CRC32C):
 		return fmt.Errorf("manifest of %s: whole-file checksum %s does not match its chunk checksums", m.Key, m.Whole)
+	case m.BlockSize == 0 && len(m.BlockCRC32C) == 0:
+		// no blocks
+	case m.BlockSize <= 0 || m.ChunkSize%m.BlockSize != 0:
+		return fmt.Errorf("manifest of %s: block size %d does not divide chunk size %d", m.Key, m.BlockSize, m.ChunkSize)
+	case int64(len(m.BlockCRC32C)) != 4*((m.Size+m.BlockSize-1)/m.BlockSize):
+		return fmt.Errorf("manifest of %s: %d bytes of block checksums for %d bytes in blocks of %d", m.Key, len(m.BlockCRC32C), m.Size, m.BlockSize)
 	}
 	return nil
+}
+
+// setBlocks gives m the block checksums crcs of blocks of bs, where
+// they serve: an object of more than one block.
+func (m *Manifest) setBlocks(bs int64, crcs []byte) {
+	if bs > 0 && crcs != nil && m.Size > bs {
+		m.BlockSize, m.BlockCRC32C = bs, crcs
+	}
+}
+
+// blockCRCs are the CRC32Cs of the blocks of b (from its start), as a
+// manifest holds them.
+func blockCRCs(b []byte, blockSize int64) []byte {
+	out := make([]byte, 0, 4*((int64(len(b))+blockSize-1)/blockSize))
+	for off := int64(0); off < int64(len(b)); off += blockSize {
+		out = binary.BigEndian.AppendUint32(out, crc32c(b[off:min(off+blockSize, int64(len(b)))]))
+	}
+	return out
 }
 
 // LoadManifest reads and checks key's manifest, and that the object is
@@ -155,6 +204,13 @@ func Verify(ctx context.Context, s store.Store, m *Manifest) error {
 		off, n := m.ChunkRange(i)
 		if err := fetchChunk(ctx, s, m, i, buf[:n]); err != nil {
 			return fmt.Errorf("verify %s: chunk %d at %d: %w", m.Key, i, off, err)
+		}
+		// The block checksums serve reads too: they must hold.
+		if m.Blocks() > 0 {
+			got := blockCRCs(buf[:n], m.BlockSize)
+			if b0 := 4 * (off / m.BlockSize); !bytes.Equal(got, m.BlockCRC32C[b0:b0+int64(len(got))]) {
+				return fmt.Errorf("verify %s: chunk %d at %d: its block checksums do not match the manifest's: %w", m.Key, i, off, ErrChecksum)
+			}
 		}
 	}
 	return nil

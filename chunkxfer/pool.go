@@ -9,8 +9,6 @@ import (
 	"sync"
 	"sync/atomic"
 	"time"
-
-	"github.com/tierfs/tierfs/chunkxfer/store"
 )
 
 // Pool is the chunk memory of a process: one budget of bytes for every
@@ -19,7 +17,8 @@ import (
 // object), and it counts once however many readers hold it.
 //
 // Every chunk byte is in one of these kinds (see Usage):
-//   - in flight: a buffer a fetch is filling;
+//   - in flight: a buffer a fetch is filling (a chunk's, or the blocks
+//     of a first read, see Reader);
 //   - in use: a verified chunk a read is copying from or replying with;
 //   - windows: a verified chunk a reader is in the middle of, held for it
 //     between its reads (its claim);
@@ -64,6 +63,7 @@ type Pool struct {
 type PoolStats struct {
 	Hits         atomic.Int64 // chunks a read found in memory (or being fetched for another)
 	Misses       atomic.Int64 // chunks fetched from the store (reads and read-ahead)
+	BlockFetches atomic.Int64 // GETs of a first read's blocks (see Reader)
 	FetchedBytes atomic.Int64 // verified bytes fetched from the store
 	FetchErrors  atomic.Int64 // chunk fetches that failed (after retries)
 	AheadSkipped atomic.Int64 // read-ahead chunks not fetched for want of memory
@@ -274,6 +274,37 @@ func (p *Pool) prefetch(id chunkID, n int64, f fetcher) bool {
 	p.wg.Add(1)
 	go p.fetchInto(c, buf, f)
 	return true
+}
+
+// has says whether chunk id is in the table: fetched, or being fetched.
+func (p *Pool) has(id chunkID) bool {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	return p.chunks[id] != nil
+}
+
+// borrow takes n bytes of the budget for a buffer of a read's own (the
+// blocks of a first read), only if there is room now: it never waits,
+// and never while a read waits. The caller hands it back with repay.
+func (p *Pool) borrow(n int64) ([]byte, bool) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if p.waiters.Len() > 0 {
+		return nil, false
+	}
+	buf, ok := p.take(n, true)
+	if ok && buf == nil {
+		buf = make([]byte, n)
+	}
+	return buf, ok
+}
+
+// repay gives back a buffer of n bytes from borrow.
+func (p *Pool) repay(buf []byte, n int64) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	p.putFree(buf, n)
+	p.wake()
 }
 
 // hold adds a holder to c, taking it off the evictable lists.
@@ -629,15 +660,13 @@ func (p *Pool) removeWaiter(w *waiter) {
 	}
 }
 
-// storeFetcher fetches chunks of the object m describes from s, each
-// checked against m.
-func storeFetcher(s store.Store, m *Manifest, attempts int) fetcher {
+// retryPolicyOf is the retry policy of a Reader that tries a chunk
+// attempts times (2 when 0).
+func retryPolicyOf(attempts int) retryPolicy {
 	policy := defaultRetry
 	policy.attempts = attempts
 	if policy.attempts <= 0 {
 		policy.attempts = 2
 	}
-	return func(ctx context.Context, i int, buf []byte) error {
-		return fetchChunkWith(ctx, policy, s, m, i, buf)
-	}
+	return policy
 }

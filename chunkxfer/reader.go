@@ -29,16 +29,20 @@ type ReaderOptions struct {
 // been idle a while and another read needs the room; its read-ahead is
 // fetched into the Pool.
 type Reader struct {
-	m      *Manifest
-	pool   *Pool
-	opts   ReaderOptions
-	fetch  fetcher
-	closed atomic.Bool
+	m     *Manifest
+	pool  *Pool
+	opts  ReaderOptions
+	fetch fetcher
+	// fetchBlocks fetches and checks blocks b0 to b1 into buf.
+	fetchBlocks func(ctx context.Context, b0, b1 int, buf []byte) error
+	closed      atomic.Bool
 
 	lastEnd atomic.Int64 // end of the last read, for sequential detection
 	fetches atomic.Int64 // chunk GETs this Reader made (for tests and metrics)
-	claim   *claim       // the chunk it is in the middle of; GUARDED_BY(pool.mu)
-	want    int          // the furthest chunk a sequential pass reached; GUARDED_BY(pool.mu)
+	// blockFetches counts the GETs of blocks of first reads.
+	blockFetches atomic.Int64
+	claim        *claim // the chunk it is in the middle of; GUARDED_BY(pool.mu)
+	want         int    // the furthest chunk a sequential pass reached; GUARDED_BY(pool.mu)
 }
 
 // NewReader opens key through its manifest.
@@ -56,10 +60,13 @@ func NewReader(ctx context.Context, s store.Store, key string, pool *Pool, opts 
 // store.ErrPrecondition rather than return other bytes.
 func NewReaderFor(s store.Store, m *Manifest, pool *Pool, opts ReaderOptions) *Reader {
 	r := &Reader{m: m, pool: pool, opts: opts}
-	f := storeFetcher(s, m, opts.Attempts)
+	policy := retryPolicyOf(opts.Attempts)
 	r.fetch = func(ctx context.Context, i int, buf []byte) error {
 		r.fetches.Add(1)
-		return f(ctx, i, buf)
+		return fetchChunkWith(ctx, policy, s, m, i, buf)
+	}
+	r.fetchBlocks = func(ctx context.Context, b0, b1 int, buf []byte) error {
+		return fetchBlocksWith(ctx, policy, s, m, b0, b1, buf)
 	}
 	r.lastEnd.Store(-1)
 	return r
@@ -74,6 +81,10 @@ func (r *Reader) Manifest() *Manifest { return r.m }
 // Fetches counts the chunk GETs this Reader made so far (a chunk another
 // Reader fetched is not counted here).
 func (r *Reader) Fetches() int64 { return r.fetches.Load() }
+
+// BlockFetches counts the GETs of blocks this Reader made for the first
+// reads of runs (see readBlocks).
+func (r *Reader) BlockFetches() int64 { return r.blockFetches.Load() }
 
 // Close stops read-ahead and lets the Reader's claim go; fetches under
 // way end in the Pool.
@@ -97,6 +108,16 @@ func (r *Reader) ReadAtContext(ctx context.Context, p []byte, off int64) (int, e
 		return 0, io.EOF
 	}
 	m := r.mode(off)
+	if n, ok, err := r.readBlocks(ctx, p, off, m); ok {
+		if err != nil {
+			return 0, err
+		}
+		r.after(off+int64(n), m)
+		if n < len(p) {
+			return n, io.EOF
+		}
+		return n, nil
+	}
 	n := 0
 	for n < len(p) && off+int64(n) < r.m.Size {
 		pos := off + int64(n)
@@ -130,12 +151,68 @@ func (r *Reader) Slice(ctx context.Context, off int64, n int) (b []byte, release
 		return nil, nil, false, nil
 	}
 	m := r.mode(off)
+	if _, _, _, ok := r.blocksFor(off, end, m); ok {
+		return nil, nil, false, nil // ReadAt reads its blocks alone
+	}
 	h, err := r.chunk(ctx, i, m)
 	if err != nil {
 		return nil, nil, true, err
 	}
 	r.after(end, m)
 	return h.Bytes()[lo : lo+(end-off)], h.Release, true, nil
+}
+
+// maxBlockRead bounds the blocks a first read fetches on their own:
+// a read that needs more waits for its whole chunk.
+const maxBlockRead = 2
+
+// readBlocks serves a read that starts a run (at no particular place,
+// or at offset 0) and whose chunk is in no one's memory from the blocks
+// that hold it (Manifest.BlockSize): one GET of a few hundred KiB and a
+// check of each block, not of a whole chunk, so the first byte waits for
+// about one small GET. The whole chunk is fetched ahead at the same time
+// (if memory is free for it): the reads that follow find it, as
+// mountpoint-s3 ramps a reader from a small first request to whole
+// parts. ok is false where it does not apply (no blocks in the
+// manifest, a read of more than maxBlockRead blocks or across chunks,
+// a chunk fetched or being fetched, or no memory free now); then the
+// read goes to the chunk as before.
+func (r *Reader) readBlocks(ctx context.Context, p []byte, off int64, m readMode) (n int, ok bool, err error) {
+	end := min(off+int64(len(p)), r.m.Size)
+	i, b0, b1, ok := r.blocksFor(off, end, m)
+	if !ok {
+		return 0, false, nil
+	}
+	from, _ := r.m.BlockRange(b0)
+	lastOff, lastN := r.m.BlockRange(b1)
+	size := lastOff + lastN - from
+	buf, ok := r.pool.borrow(size)
+	if !ok {
+		return 0, false, nil
+	}
+	defer r.pool.repay(buf, size)
+	r.pool.prefetch(r.id(i), r.chunkLen(i), r.fetch)
+	r.blockFetches.Add(1)
+	r.pool.stats.BlockFetches.Add(1)
+	if err := r.fetchBlocks(ctx, b0, b1, buf); err != nil {
+		return 0, true, fmt.Errorf("read %s: %w", r.m.Key, err)
+	}
+	r.pool.stats.FetchedBytes.Add(size)
+	return copy(p, buf[off-from:end-from]), true, nil
+}
+
+// blocksFor says whether a read of mode m of [off, end) is served by
+// readBlocks, and from which chunk and blocks.
+func (r *Reader) blocksFor(off, end int64, m readMode) (i, b0, b1 int, ok bool) {
+	if r.m.Blocks() == 0 || m == readSequential || end <= off {
+		return 0, 0, 0, false
+	}
+	i = int(off / r.m.ChunkSize)
+	b0, b1 = int(off/r.m.BlockSize), int((end-1)/r.m.BlockSize)
+	if int((end-1)/r.m.ChunkSize) != i || b1-b0+1 > maxBlockRead || r.pool.has(r.id(i)) {
+		return 0, 0, 0, false
+	}
+	return i, b0, b1, true
 }
 
 // mode says how a read at off relates to the Reader's earlier reads. It

@@ -2,6 +2,7 @@ package chunkxfer
 
 import (
 	"bytes"
+	"cmp"
 	"context"
 	"encoding/json"
 	"errors"
@@ -32,7 +33,11 @@ type Uploader struct {
 	Store      store.Store
 	JournalDir string // where transfer journals live (the state dir)
 	ChunkSize  int64  // part size; DefaultChunkSize when 0
-	Parallel   int    // parts in flight; 4 when 0
+	// BlockSize is the block of the manifests' block checksums
+	// (Manifest.BlockSize): DefaultBlockSize when 0, none when
+	// negative or when it does not divide the chunk size.
+	BlockSize int64
+	Parallel  int // parts in flight; 4 when 0
 	// Settle refuses files changed less than this long ago: ctime has
 	// coarse (jiffy) granularity, so a write in the same tick as the
 	// upload's first look could go unnoticed. 0 turns the check off.
@@ -87,6 +92,36 @@ type partRecord struct {
 	ETag   string `json:"etag"`
 	CRC32C uint32 `json:"crc32c"`
 	Size   int64  `json:"size"`
+	// The part's block checksums (Manifest.BlockCRC32C), in blocks of
+	// BlockSize; none in journals of versions before 2026-12.
+	BlockSize int64  `json:"block_size,omitempty"`
+	Blocks    []byte `json:"blocks,omitempty"`
+}
+
+// blockSize is the block of this uploader's manifests, 0 for none.
+func (u *Uploader) blockSize() int64 {
+	bs := cmp.Or(u.BlockSize, DefaultBlockSize)
+	if cs := u.chunkSize(); bs <= 0 || bs >= cs || cs%bs != 0 {
+		return 0
+	}
+	return bs
+}
+
+// partBlocks are the block checksums of the parts recs (1 to n, each of
+// blocks of bs), joined, or nil when any part has none or others.
+func partBlocks(recs map[int32]partRecord, n int32, bs int64) []byte {
+	if bs == 0 {
+		return nil
+	}
+	var out []byte
+	for i := int32(1); i <= n; i++ {
+		r := recs[i]
+		if r.BlockSize != bs || int64(len(r.Blocks)) != 4*((r.Size+bs-1)/bs) {
+			return nil
+		}
+		out = append(out, r.Blocks...)
+	}
+	return out
 }
 
 func (u *Uploader) chunkSize() int64 {
@@ -439,6 +474,7 @@ func (t *upload) run(ctx context.Context, f *os.File) (*Manifest, error) {
 		}
 	}
 	m := t.u.manifest(t.h.Key, info.ETag, size, cs, crcs, t.h.Source, t.h.From)
+	m.setBlocks(t.u.blockSize(), partBlocks(t.parts, t.nParts, t.u.blockSize()))
 	if err := putManifest(ctx, t.u.Store, m); err != nil {
 		return nil, err
 	}
@@ -529,6 +565,11 @@ func (t *upload) uploadPart(ctx context.Context, f *os.File, n int32, buf []byte
 		return err
 	}
 	crc := crc32c(buf)
+	bs := t.u.blockSize()
+	var blocks []byte
+	if bs > 0 {
+		blocks = blockCRCs(buf, bs)
+	}
 	var p store.Part
 	err := defaultRetry.do(ctx, func() error {
 		var err error
@@ -541,7 +582,7 @@ func (t *upload) uploadPart(ctx context.Context, f *os.File, n int32, buf []byte
 	if err != nil {
 		return err
 	}
-	rec := partRecord{Part: n, ETag: p.ETag, CRC32C: crc, Size: size}
+	rec := partRecord{Part: n, ETag: p.ETag, CRC32C: crc, Size: size, BlockSize: bs, Blocks: blocks}
 	if err := t.j.append(rec); err != nil {
 		return err
 	}
@@ -607,6 +648,9 @@ func (u *Uploader) putSmall(ctx context.Context, f *os.File, path, key string, s
 		progress(size, size)
 	}
 	m := u.manifest(key, info.ETag, size, u.chunkSize(), crcs, src, from)
+	if bs := u.blockSize(); bs > 0 {
+		m.setBlocks(bs, blockCRCs(buf, bs))
+	}
 	return m, putManifest(ctx, u.Store, m)
 }
 
@@ -669,6 +713,7 @@ func (u *Uploader) finishCompleted(ctx context.Context, path, key string, src So
 		crcs = append(crcs, r.CRC32C)
 	}
 	m := u.manifest(key, info.ETag, size, cs, crcs, src, from)
+	m.setBlocks(u.blockSize(), partBlocks(recs, n, u.blockSize()))
 	if err := Verify(ctx, u.Store, m); err != nil {
 		u.log().Warn("completed upload does not verify; uploading again", "key", key, "err", err)
 		return nil, nil

@@ -143,7 +143,7 @@ func serveForTest() int {
 	if dir := os.Getenv(serveTieredEnv); dir != "" {
 		st, err := store.NewDir(dir)
 		if err == nil {
-			tierer, err = tiering.New(tiering.Config{Store: st, Log: log, ChunkSize: 64 << 10})
+			tierer, err = tiering.New(tiering.Config{Store: st, Log: log, ChunkSize: 64 << 10, BlockSize: 16 << 10})
 		}
 		if err != nil {
 			fmt.Fprintln(os.Stderr, "tiering:", err)

@@ -48,7 +48,10 @@ type Config struct {
 	Concurrency     int   // segments shipped at once (default 2)
 	ShipRate        int64 // bytes per second of all uploads together (0: no limit)
 	ChunkSize       int64 // transfer chunk size (default chunkxfer's)
-	Gate            *Gate // shared with the file system (nil: a private one)
+	// BlockSize is the block a first read of an evicted file fetches
+	// alone (chunkxfer.Uploader.BlockSize: 0 its default, negative none).
+	BlockSize int64
+	Gate      *Gate // shared with the file system (nil: a private one)
 	// Pool is the chunk memory every read of an evicted file takes from
 	// (nil: a private one of 256 MiB).
 	Pool *chunkxfer.Pool
@@ -266,7 +269,7 @@ func New(cfg Config) (*Tierer, error) {
 // call it once, before RunOnce.
 func (t *Tierer) SetRoot(root, stateDir string) {
 	t.cfg.Root, t.cfg.StateDir = root, stateDir
-	t.up = &chunkxfer.Uploader{Store: t.cfg.Store, JournalDir: filepath.Join(stateDir, "journal"), ChunkSize: t.cfg.ChunkSize, Parallel: 4, Log: t.cfg.Log, Broker: t.BrokerID}
+	t.up = &chunkxfer.Uploader{Store: t.cfg.Store, JournalDir: filepath.Join(stateDir, "journal"), ChunkSize: t.cfg.ChunkSize, BlockSize: t.cfg.BlockSize, Parallel: 4, Log: t.cfg.Log, Broker: t.BrokerID}
 	if t.cfg.ShipRate > 0 {
 		t.up.Limit = rate.NewLimiter(rate.Limit(t.cfg.ShipRate), int(min(t.cfg.ShipRate, 1<<20)))
 	}

@@ -36,7 +36,7 @@ func logDir(t *testing.T) (string, map[string][]int64, map[string][32]byte) {
 }
 
 func newTierer(t *testing.T, root string, s store.Store, retention int64) *Tierer {
-	tr, err := New(Config{Root: root, StateDir: filepath.Join(root, ".tierfs"), Store: s, Policy: Policy{ShipAfter: 10 * time.Minute}, LocalRetentionBytes: retention, ChunkSize: 64 << 10})
+	tr, err := New(Config{Root: root, StateDir: filepath.Join(root, ".tierfs"), Store: s, Policy: Policy{ShipAfter: 10 * time.Minute}, LocalRetentionBytes: retention, ChunkSize: 64 << 10, BlockSize: 16 << 10})
 	if err != nil {
 		t.Fatal(err)
 	}
