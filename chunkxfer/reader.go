@@ -170,7 +170,7 @@ const maxBlockRead = 2
 // or at offset 0) and whose chunk is in no one's memory from the blocks
 // that hold it (Manifest.BlockSize): one GET of a few hundred KiB and a
 // check of each block, not of a whole chunk, so the first byte waits for
-// about one small GET. The whole chunk is fetched ahead at the same time
+// about one small GET. The whole chunk is fetched ahead right after
 // (if memory is free for it): the reads that follow find it, as
 // mountpoint-s3 ramps a reader from a small first request to whole
 // parts. ok is false where it does not apply (no blocks in the
@@ -191,10 +191,13 @@ func (r *Reader) readBlocks(ctx context.Context, p []byte, off int64, m readMode
 		return 0, false, nil
 	}
 	defer r.pool.repay(buf, size)
-	r.pool.prefetch(r.id(i), r.chunkLen(i), r.fetch)
 	r.blockFetches.Add(1)
 	r.pool.stats.BlockFetches.Add(1)
-	if err := r.fetchBlocks(ctx, b0, b1, buf); err != nil {
+	err = r.fetchBlocks(ctx, b0, b1, buf)
+	// The chunk after the blocks, not beside them: on a shared link
+	// (and CPU) its GET would slow the blocks' down.
+	r.pool.prefetch(r.id(i), r.chunkLen(i), r.fetch)
+	if err != nil {
 		return 0, true, fmt.Errorf("read %s: %w", r.m.Key, err)
 	}
 	r.pool.stats.FetchedBytes.Add(size)
