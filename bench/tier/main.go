@@ -174,7 +174,7 @@ func main() {
 	rep := benchutil.Report{
 		Name:  "tier",
 		Title: "Reads of an evicted segment",
-		Notes: []string{fmt.Sprintf("versitygw v1.8.0 on 127.0.0.1; an evicted segment of %.0f MB read cold (page cache dropped, the mount's chunk cache 1 MiB) through the mount, next to raw aws-sdk-go-v2 ranged GETs of the same object and to s3fs and rclone mounts of it; medians of %d runs, ratios are medians of the per-run ratios to one raw GET stream; %s.",
+		Notes: []string{fmt.Sprintf("versitygw v1.8.0 on 127.0.0.1; an evicted segment of %.0f MB read cold (page cache dropped, the mount's chunk memory 64 MiB) through the mount, next to raw aws-sdk-go-v2 ranged GETs of the same object and to s3fs and rclone mounts of it; medians of %d runs, ratios are medians of the per-run ratios to one raw GET stream; %s.",
 			mb, *runs, benchutil.Machine())},
 		Header:   []string{"reader", "MB/s", "× raw 1 GET"},
 		Versions: map[string]string{"versitygw": "v1.8.0"},
