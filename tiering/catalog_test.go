@@ -56,7 +56,7 @@ func TestRecordsFollowTheCtime(t *testing.T) {
 		t.Fatalf("after the change: %+v %v", got, has)
 	}
 	rc.forget(seg.Ino)
-	rc.keep(map[uint64]Segment{})
+	rc.keep(map[uint64]*Segment{})
 	if rc.size() != 0 {
 		t.Fatalf("%d records kept of files no scan saw", rc.size())
 	}

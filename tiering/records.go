@@ -56,7 +56,7 @@ func (rc *records) of(seg Segment) (Record, bool, error) {
 }
 
 // keep forgets the inodes a full scan did not see.
-func (rc *records) keep(seen map[uint64]Segment) {
+func (rc *records) keep(seen map[uint64]*Segment) {
 	rc.mu.Lock()
 	defer rc.mu.Unlock()
 	for ino := range rc.byIno {

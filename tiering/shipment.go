@@ -130,7 +130,7 @@ func (dl *deleter) alive(rootFd int, s Shipment) (bool, error) {
 // unsure are the partitions with a shipment whose file is alive but was
 // not among the segments scanned (renamed, or unlinked and still open):
 // they are looked at again next pass.
-func (dl *deleter) followDeletions(ctx context.Context, live map[uint64]Segment, settled func(partition string) bool) (deleted int, errs []error, unsure map[string]bool) {
+func (dl *deleter) followDeletions(ctx context.Context, live map[uint64]*Segment, settled func(partition string) bool) (deleted int, errs []error, unsure map[string]bool) {
 	// A settled partition's shipments are all alive (its directory did
 	// not change, and the pass that settled it had none to delete).
 	parts, err := dl.t.shipments.partitions(settled)
@@ -154,7 +154,7 @@ func (dl *deleter) followDeletions(ctx context.Context, live map[uint64]Segment,
 }
 
 // followPartition is followDeletions for one partition.
-func (dl *deleter) followPartition(ctx context.Context, rootFd int, part string, live map[uint64]Segment, unsure map[string]bool) (deleted int, errs []error) {
+func (dl *deleter) followPartition(ctx context.Context, rootFd int, part string, live map[uint64]*Segment, unsure map[string]bool) (deleted int, errs []error) {
 	ships, err := dl.t.shipments.of(part)
 	if err != nil {
 		return 0, []error{err}
@@ -163,7 +163,7 @@ func (dl *deleter) followPartition(ctx context.Context, rootFd int, part string,
 	var gone []Shipment
 	for _, s := range ships {
 		if s.State != ShipmentDeleting {
-			if seg, ok := live[s.Ino]; ok && dl.recorded(seg, s) {
+			if seg, ok := live[s.Ino]; ok && dl.recorded(*seg, s) {
 				// Its file is a live segment that the scan just saw,
 				// and its record names this shipment: no need to look
 				// for it by handle.

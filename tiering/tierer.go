@@ -334,12 +334,14 @@ func (t *Tierer) RunOnce(ctx context.Context) Report {
 	}
 	t.counters.PartitionScans.Add(int64(len(scanned)))
 	live := make(map[string]bool, len(parts))
-	segs := map[uint64]Segment{} // by inode: the segments scanned now
+	// By inode: the segments scanned now (pointers into the scans, not
+	// copies: at a full scan this is every segment of the mount).
+	segs := map[uint64]*Segment{}
 	for _, p := range parts {
 		live[p.Name] = true
 		if scanned[p.Name] {
-			for _, seg := range p.Segments {
-				segs[seg.Ino] = seg
+			for i := range p.Segments {
+				segs[p.Segments[i].Ino] = &p.Segments[i]
 			}
 		}
 	}

@@ -18,6 +18,7 @@ import (
 	"github.com/tierfs/tierfs/chunkxfer"
 	"github.com/tierfs/tierfs/control"
 	"github.com/tierfs/tierfs/fs"
+	"github.com/tierfs/tierfs/internal/gctune"
 	"github.com/tierfs/tierfs/internal/units"
 	"github.com/tierfs/tierfs/kafkalead"
 	"github.com/tierfs/tierfs/metrics"
@@ -160,6 +161,11 @@ func runMount(c *cli.Context) error {
 			return err
 		}
 		defer cache.Close()
+		if os.Getenv("GOGC") == "" {
+			// The tierer's catalogue is long-lived heap: collected
+			// after gcHeadroom of allocation, not after it doubled.
+			defer gctune.Start(gcHeadroom, log).Stop()
+		}
 		var lead *leadership
 		if len(c.StringSlice("kafka-bootstrap")) > 0 {
 			if lead, err = newLeadership(c, log); err != nil {
@@ -385,6 +391,12 @@ func sizeFlags(c *cli.Context, names ...string) (map[string]int64, error) {
 // goMemoryOverhead is what the mount needs beside its chunk memory: the
 // Go runtime's memory limit is the budget plus this.
 const goMemoryOverhead = 32 << 20
+
+// gcHeadroom is what the heap of a mount with a remote may grow by
+// between collections (internal/gctune), unless GOGC says otherwise: at
+// 100,000 segments the tierer keeps about 100 MiB of metadata, which
+// the runtime's default would let double.
+const gcHeadroom = 48 << 20
 
 // chunkPool makes the chunk memory of --cache-bytes, refusing a budget
 // no read could be served from, and sets the Go runtime's memory limit
