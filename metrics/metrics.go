@@ -52,6 +52,7 @@ func Registry(t Tiering, pool *chunkxfer.Pool, log *slog.Logger) *prometheus.Reg
 			labelled(reg, "tierfs_hydrated_segments_total", "Evicted segments brought back to local disk, by cause: a move (write, truncate) or tierfs hydrate.", l, c.HydratedSegments[cause].Load)
 			labelled(reg, "tierfs_hydrated_bytes_total", "Bytes of evicted segments brought back to local disk, by cause: a move (write, truncate) or tierfs hydrate.", l, c.HydratedBytes[cause].Load)
 		}
+		counter(reg, "tierfs_status_partition_scans_total", "Partitions tierfs status and these metrics scanned again because they changed since their last scan (the others are read as last scanned).", c.ViewScans.Load)
 		counter(reg, "tierfs_partition_scans_total", "Partitions a tiering pass listed and looked at again (a settled partition whose directory did not change is not, between full scans).", c.PartitionScans.Load)
 		counter(reg, "tierfs_mapped_segments_total", "Segments found whole in the store, shipped by another broker, and mapped onto its objects.", c.MappedSegments.Load)
 		counter(reg, "tierfs_mapped_bytes_total", "Bytes of segments (or their heads) mapped onto another broker's objects instead of being uploaded.", c.MappedBytes.Load)

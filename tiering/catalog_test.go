@@ -404,3 +404,65 @@ func (c *shipmentCatalog) all() ([]Shipment, error) {
 	}
 	return out, nil
 }
+
+// Status and the metrics scan again only the partitions that changed
+// since their last scan, whether a pass settled them or not (a backlog
+// that waits, or ships, leaves every partition unsettled), and keep what
+// they scanned: the next view scans nothing.
+func TestViewScansWhatChanged(t *testing.T) {
+	root := filepath.Join(t.TempDir(), "kafka-logs")
+	if _, err := (kafkatest.LogDir{Topic: "orders", Partitions: 4, Segments: 3, Batches: 6, Records: 8, ValueSize: 300, Age: time.Hour}).Write(root); err != nil {
+		t.Fatal(err)
+	}
+	// Nothing is old enough to ship: every partition waits, unsettled.
+	tr, err := New(Config{Root: root, StateDir: filepath.Join(root, ".tierfs"), Store: store.NewMem(nil), ChunkSize: 64 << 10,
+		RescanInterval: time.Hour, Policy: Policy{ShipAfter: 24 * time.Hour}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer tr.Close()
+	ctx := context.Background()
+	views := func() int64 { return tr.Counters().ViewScans.Load() }
+	summary := func() []PartitionSummary {
+		t.Helper()
+		s, err := tr.Summary()
+		if err != nil || len(s) != 4 {
+			t.Fatalf("summary: %d partitions, %v", len(s), err)
+		}
+		return s
+	}
+	// Before any pass: every partition is scanned, once.
+	summary()
+	summary()
+	if views() != 4 {
+		t.Fatalf("two views before any pass scanned %d partitions, want 4", views())
+	}
+	tr.RunOnce(ctx)
+	tr.RunOnce(ctx)
+	before := views()
+	first := summary()
+	if views() != before {
+		t.Fatalf("a view after passes that changed nothing scanned %d partitions", views()-before)
+	}
+	// A new segment in orders-2: that partition only, and only once.
+	os.WriteFile(filepath.Join(root, "orders-2", "00000000000000009999.log"), nil, 0o644)
+	got := summary()
+	summary()
+	if n := views() - before; n != 1 {
+		t.Fatalf("views after a roll in one partition scanned %d partitions, want 1", n)
+	}
+	for i := range got {
+		want := first[i].Segments
+		if got[i].Name == "orders-2" {
+			want++
+		}
+		if got[i].Segments != want {
+			t.Fatalf("%s: %d segments, want %d", got[i].Name, got[i].Segments, want)
+		}
+	}
+	// The pass still looks at every unsettled partition, and ships
+	// nothing.
+	if rep := tr.RunOnce(ctx); rep.Shipped != 0 || len(rep.Errors) > 0 {
+		t.Fatalf("pass: %+v", rep)
+	}
+}

@@ -111,50 +111,67 @@ func (ps *partScans) scan(root string, full bool, now time.Time) (parts []Partit
 				ps.log.Info("a full scan found a change in place that the passes had not seen", "partition", name, "segment", what)
 			}
 		}
-		ns := &partScan{dir: stamp, p: p}
-		if n := len(p.Segments); n > 0 {
-			ns.active = p.Segments[n-1].Ino
-		}
-		fresh[name] = ns
+		fresh[name] = newScan(stamp, p)
 		parts = append(parts, p)
 		scanned[name] = true
 	}
 	ps.mu.Lock()
 	defer ps.mu.Unlock()
-	drop := func(s *partScan) {
-		for _, seg := range s.p.Segments {
-			if ps.byIno[seg.Ino] == s {
-				delete(ps.byIno, seg.Ino)
-			}
-		}
-	}
-	for name, ns := range fresh {
-		if old := ps.byName[name]; old != nil {
-			drop(old)
-		}
-		for _, seg := range ns.p.Segments {
-			ps.byIno[seg.Ino] = ns
-		}
-		ps.byName[name] = ns
+	for _, ns := range fresh {
+		ps.installLocked(ns)
 	}
 	for name, old := range ps.byName {
 		if !seen[name] {
-			drop(old)
+			ps.dropLocked(old)
 			delete(ps.byName, name)
 		}
 	}
 	return parts, scanned, nil
 }
 
-// view is the live partitions under root, by name: settled and unchanged
-// ones as last scanned, the others scanned now. Unlike scan it changes
-// nothing the passes rely on (for status and the metrics).
-func (ps *partScans) view(root string, now time.Time) ([]Partition, error) {
+// newScan is what a scan of partition p under the directory stamp found.
+func newScan(stamp dirStamp, p Partition) *partScan {
+	ns := &partScan{dir: stamp, p: p}
+	if n := len(p.Segments); n > 0 {
+		ns.active = p.Segments[n-1].Ino
+	}
+	return ns
+}
+
+// installLocked makes ns its partition's last scan. GUARDED_BY(mu).
+func (ps *partScans) installLocked(ns *partScan) {
+	if old := ps.byName[ns.p.Name]; old != nil {
+		ps.dropLocked(old)
+	}
+	for _, seg := range ns.p.Segments {
+		ps.byIno[seg.Ino] = ns
+	}
+	ps.byName[ns.p.Name] = ns
+}
+
+// dropLocked forgets the segments of s. GUARDED_BY(mu).
+func (ps *partScans) dropLocked(s *partScan) {
+	for _, seg := range s.p.Segments {
+		if ps.byIno[seg.Ino] == s {
+			delete(ps.byIno, seg.Ino)
+		}
+	}
+}
+
+// view is the live partitions under root, by name, for status and the
+// metrics: each as last scanned while that scan still holds (settled and
+// unchanged, or not settled but neither its directory nor its files
+// changed since: what a pass still has to do there is not what is on
+// disk), the others scanned now. A partition it scans again keeps that
+// scan as its last, unsettled: its next pass looks at it as before, and a
+// view after it scans only what changed since. So a scraper costs what
+// changed between two scrapes, not a scan of every partition the passes
+// have not settled (all of them while a backlog ships).
+func (ps *partScans) view(root string, now time.Time) (parts []Partition, rescanned int, err error) {
 	dirs, err := livePartitionDirs(root)
 	if err != nil {
-		return nil, err
+		return nil, 0, err
 	}
-	var parts []Partition
 	for _, d := range dirs {
 		name, pd := d.name, d.pd
 		stamp, err := stampOf(filepath.Join(root, name))
@@ -164,7 +181,7 @@ func (ps *partScans) view(root string, now time.Time) ([]Partition, error) {
 		ps.mu.RLock()
 		old := ps.byName[name]
 		ps.mu.RUnlock()
-		if old.reusable(stamp, now) {
+		if old.reusable(stamp, now) || old.unchanged(stamp) {
 			parts = append(parts, old.current())
 			continue
 		}
@@ -172,9 +189,23 @@ func (ps *partScans) view(root string, now time.Time) ([]Partition, error) {
 		if err != nil {
 			continue
 		}
+		ps.mu.Lock()
+		if ps.byName[name] == old {
+			// Not replaced by a pass meanwhile (whose scan it would
+			// be older than).
+			ps.installLocked(newScan(stamp, p))
+		}
+		ps.mu.Unlock()
 		parts = append(parts, p)
+		rescanned++
 	}
-	return parts, nil
+	return parts, rescanned, nil
+}
+
+// unchanged says whether nothing changed in a partition since s scanned
+// it: its directory as it was (stamp now), and no touch since.
+func (s *partScan) unchanged(stamp dirStamp) bool {
+	return s != nil && s.dir == stamp && !s.touched.Load()
 }
 
 // reusable says whether a partition last scanned as s (nil: never) can

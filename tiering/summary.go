@@ -71,11 +71,12 @@ func (t *Tierer) Summary() ([]PartitionSummary, error) {
 	if err := t.waitReady(); err != nil {
 		return nil, err
 	}
-	// Settled partitions as the passes last scanned them, the others
-	// scanned now; the records of segments that did not change come from
-	// memory. A scrape of the metrics then costs what an idle pass does,
-	// not a stat and a record per segment.
-	parts, err := t.scans.view(t.cfg.Root, t.cfg.Now())
+	// Partitions as last scanned, unless they changed since (then scanned
+	// now, and kept as scanned); the records of segments that did not
+	// change come from memory. A scrape of the metrics then costs what
+	// changed since the last one, not a stat and a record per segment.
+	parts, rescanned, err := t.scans.view(t.cfg.Root, t.cfg.Now())
+	t.counters.ViewScans.Add(int64(rescanned))
 	if err != nil {
 		return nil, err
 	}

@@ -197,6 +197,9 @@ type Counters struct {
 	// PartitionScans counts the partitions a pass listed and looked at
 	// again; a settled, unchanged partition is not (see partScans).
 	PartitionScans atomic.Int64
+	// ViewScans counts the partitions status and the metrics scanned
+	// again (changed since their last scan; see partScans.view).
+	ViewScans atomic.Int64
 	// IndexRaces counts appends to a partition's index in the store that
 	// another broker's append beat (each cost a retry of the append, not
 	// an upload). WastedSegments and WastedBytes count uploads another
