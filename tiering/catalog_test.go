@@ -324,7 +324,20 @@ func TestLegacyStateDirKeepsWorking(t *testing.T) {
 	}
 	state := tr.cfg.StateDir
 	ships, _ := tr.shipments.all()
+	states := map[string]storeState{}
+	for _, sh := range ships {
+		states[sh.Partition] = tr.share.loadStoreState(sh.Partition)
+		if states[sh.Partition].ETag == "" {
+			t.Fatalf("%s: no store state", sh.Partition)
+		}
+	}
 	tr.Close()
+	for part, st := range states {
+		b, _ := json.Marshal(st)
+		if err := os.WriteFile(filepath.Join(state, "idx", part, "store.json"), b, 0o644); err != nil {
+			t.Fatal(err)
+		}
+	}
 	// Rewrite the state as the old layout had it.
 	type legacy struct{ path, key string }
 	var mans []legacy
@@ -380,8 +393,16 @@ func TestLegacyStateDirKeepsWorking(t *testing.T) {
 	}
 	left, _ := filepath.Glob(filepath.Join(state, "shipments", "*", "*.json"))
 	lm, _ := filepath.Glob(filepath.Join(state, "manifests", "*", "*.json"))
-	if left = append(left, lm...); len(left) != 0 {
+	ls, _ := filepath.Glob(filepath.Join(state, "idx", "*", "store.json"))
+	if left = append(append(left, lm...), ls...); len(left) != 0 {
 		t.Fatalf("legacy files left: %v", left)
+	}
+	// The store states moved as they were: no partition was taken for
+	// one another broker changed.
+	for part, st := range states {
+		if got := tr2.share.loadStoreState(part); got != st {
+			t.Fatalf("%s: store state %+v after the move, was %+v", part, got, st)
+		}
 	}
 	if all, _ := tr2.shipments.all(); len(all) != len(ships) {
 		t.Fatalf("%d shipments after the move, want %d", len(all), len(ships))

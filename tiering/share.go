@@ -11,15 +11,22 @@ import (
 	"path"
 	"path/filepath"
 	"strings"
+	"sync"
 
 	"github.com/tierfs/tierfs/chunkxfer/store"
 	"github.com/tierfs/tierfs/idx"
+	"github.com/tierfs/tierfs/internal/keylog"
 )
 
 // storeIndex keeps each partition's index in the store in step with the
 // local one: read when another broker changed it, appended to by
 // compare-and-swap, and the references that keep shared objects alive.
-type storeIndex struct{ t *Tierer }
+type storeIndex struct {
+	t *Tierer
+
+	statesMu sync.Mutex
+	states   *keylog.Log // idx/store-states.klog, opened at first use; GUARDED_BY(statesMu)
+}
 
 // Several brokers share one store (docs/design.md): each mount of a
 // partition's replicas sees the same store prefix.
@@ -67,13 +74,72 @@ type storeState struct {
 	Shared bool `json:"shared,omitempty"`
 }
 
-func (si *storeIndex) storeStatePath(partition string) string {
-	return filepath.Join(si.t.cfg.StateDir, "idx", partition, "store.json")
+// The store states of every partition are one keyed log,
+// idx/store-states.klog (key: the partition), so that saving one, at
+// every shipment, is an append and not a file made and renamed.
+// Versions before 2026-12 kept one file per partition,
+// idx/<partition>/store.json: they are moved into the log when it is
+// first opened (at the first pass).
+
+func (si *storeIndex) statesLog() (*keylog.Log, error) {
+	si.statesMu.Lock()
+	defer si.statesMu.Unlock()
+	if si.states == nil {
+		l, err := openKeyLog(filepath.Join(si.t.cfg.StateDir, "idx", "store-states"+keyLogExt), "store state", si.t.cfg.Log)
+		if err != nil {
+			return nil, err
+		}
+		if err := si.moveLegacyStates(l); err != nil {
+			return nil, err
+		}
+		si.states = l
+	}
+	return si.states, nil
 }
 
+// moveLegacyStates moves the store.json files of versions before
+// 2026-12 into the log: each appended (and synced) before its file goes,
+// so a crash in between leaves both, the same.
+func (si *storeIndex) moveLegacyStates(l *keylog.Log) error {
+	files, err := filepath.Glob(filepath.Join(si.t.cfg.StateDir, "idx", "*", "store.json"))
+	if err != nil {
+		return err
+	}
+	for _, p := range files {
+		b, err := os.ReadFile(p)
+		if err != nil {
+			return err
+		}
+		var s storeState
+		if err := json.Unmarshal(b, &s); err != nil {
+			return fmt.Errorf("store state %s: %w", p, err)
+		}
+		if b, err = json.Marshal(s); err != nil {
+			return err
+		}
+		if err := l.Put(filepath.Base(filepath.Dir(p)), b); err != nil {
+			return err
+		}
+		if err := os.Remove(p); err != nil {
+			return err
+		}
+	}
+	if len(files) > 0 {
+		si.t.cfg.Log.Info("moved the partitions' store states into one log", "partitions", len(files), "path", l.Path())
+	}
+	return nil
+}
+
+// loadStoreState is what this mount knows of the partition's index in
+// the store (nothing yet: the zero state).
 func (si *storeIndex) loadStoreState(partition string) storeState {
 	var s storeState
-	if b, err := os.ReadFile(si.storeStatePath(partition)); err == nil {
+	l, err := si.statesLog()
+	if err != nil {
+		si.t.cfg.Log.Warn("cannot read the store states", "err", err)
+		return s
+	}
+	if b, ok, err := l.Get(partition); err == nil && ok {
 		json.Unmarshal(b, &s)
 	}
 	return s
@@ -84,7 +150,21 @@ func (si *storeIndex) saveStoreState(partition string, s storeState) error {
 	if err != nil {
 		return err
 	}
-	return writeFileAtomic(si.storeStatePath(partition), b)
+	l, err := si.statesLog()
+	if err != nil {
+		return err
+	}
+	return l.Put(partition, b)
+}
+
+// forgetStoreState drops a partition's store state (its index is gone,
+// here and in the store).
+func (si *storeIndex) forgetStoreState(partition string) error {
+	l, err := si.statesLog()
+	if err != nil {
+		return err
+	}
+	return l.Delete(partition) // the last one removes the file; a later save makes it again
 }
 
 // syncIndex makes the local copy of a partition's index the store's, if

@@ -360,6 +360,9 @@ func (dl *deleter) dropEmptyIndex(ctx context.Context, partition string) error {
 		}
 	}
 	dl.t.indexes.forget(partition)
+	if err := dl.t.share.forgetStoreState(partition); err != nil {
+		return err
+	}
 	return os.RemoveAll(filepath.Dir(f.Path()))
 }
 

@@ -253,7 +253,7 @@ func New(cfg Config) (*Tierer, error) {
 	t.manifests = newManifestCopies(func() string { return t.cfg.StateDir }, cfg.Log)
 	t.records = newRecords(cfg.Now)
 	t.scans = newPartScans(cfg.Log)
-	t.shipper, t.share, t.deleter, t.evictor = &shipper{t}, &storeIndex{t}, &deleter{t}, &evictor{t}
+	t.shipper, t.share, t.deleter, t.evictor = &shipper{t}, &storeIndex{t: t}, &deleter{t}, &evictor{t}
 	t.copies, t.mirror, t.hydrator = &copies{t}, &mirror{t}, &hydrator{t}
 	t.indexes = newPartIndexes(func() string { return t.cfg.StateDir }, cfg.Log)
 	t.status = newPartStatus(cfg.Now)
@@ -321,6 +321,10 @@ func (t *Tierer) RunOnce(ctx context.Context) Report {
 		return rep
 	}
 	t.recoverOnce.Do(t.moves.recoverMoves)
+	if _, err := t.share.statesLog(); err != nil {
+		rep.Errors = append(rep.Errors, fmt.Errorf("store states: %w", err))
+		return rep
+	}
 	if t.work.begin() != nil {
 		return rep // unmounting
 	}
