@@ -487,3 +487,35 @@ func TestViewScansWhatChanged(t *testing.T) {
 		t.Fatalf("pass: %+v", rep)
 	}
 }
+
+// A roll that a view saw before the pass that scanned the partition was
+// done with it is not settled away: the view's scan is never settled, so
+// the next pass scans the partition and finds the rolled segment.
+func TestViewScanIsNeverSettled(t *testing.T) {
+	root := filepath.Join(t.TempDir(), "kafka-logs")
+	if _, err := (kafkatest.LogDir{Topic: "orders", Partitions: 1, Segments: 2, Batches: 2, Records: 4, ValueSize: 100, Age: time.Hour}).Write(root); err != nil {
+		t.Fatal(err)
+	}
+	ps := newPartScans(slog.New(slog.DiscardHandler))
+	now := time.Now()
+	if _, scanned, err := ps.scan(root, false, now); err != nil || !scanned["orders-0"] {
+		t.Fatalf("first scan: %v %v", scanned, err)
+	}
+	// The broker rolls while the pass works on what it scanned; a view
+	// (a scrape) sees the roll first.
+	os.WriteFile(filepath.Join(root, "orders-0", "00000000000000009999.log"), nil, 0o644)
+	parts, n, err := ps.view(root, now)
+	if err != nil || n != 1 || len(parts) != 1 || len(parts[0].Segments) != 3 {
+		t.Fatalf("view: %d scanned, %+v, %v", n, parts, err)
+	}
+	ps.settle("orders-0", true, time.Time{}) // the pass found nothing to do in what it had scanned
+	_, scanned, err := ps.scan(root, false, now)
+	if err != nil || !scanned["orders-0"] {
+		t.Fatal("the next pass did not scan a partition whose roll only a view had seen")
+	}
+	// A pass's own scan still settles: the pass after it scans nothing.
+	ps.settle("orders-0", true, time.Time{})
+	if _, scanned, _ := ps.scan(root, false, now); scanned["orders-0"] {
+		t.Fatal("a settled, unchanged partition was scanned again")
+	}
+}

@@ -32,9 +32,13 @@ type partScans struct {
 }
 
 type partScan struct {
-	dir     dirStamp
-	active  uint64       // the active segment's inode when scanned
-	p       Partition    // as scanned, never changed after (see current)
+	dir    dirStamp
+	active uint64    // the active segment's inode when scanned
+	p      Partition // as scanned, never changed after (see current)
+	// byPass says a pass made this scan. One a view made is never
+	// settled: no pass looked at what it found (a segment rolled since
+	// the pass's own scan, say).
+	byPass  bool
 	settled atomic.Bool  // cleared by touch, at any time
 	touched atomic.Bool  // a touch since the scan: the pass cannot settle it
 	due     atomic.Int64 // scan again by then (unix ns; 0: no deadline)
@@ -111,7 +115,9 @@ func (ps *partScans) scan(root string, full bool, now time.Time) (parts []Partit
 				ps.log.Info("a full scan found a change in place that the passes had not seen", "partition", name, "segment", what)
 			}
 		}
-		fresh[name] = newScan(stamp, p)
+		ns := newScan(stamp, p)
+		ns.byPass = true
+		fresh[name] = ns
 		parts = append(parts, p)
 		scanned[name] = true
 	}
@@ -181,7 +187,7 @@ func (ps *partScans) view(root string, now time.Time) (parts []Partition, rescan
 		ps.mu.RLock()
 		old := ps.byName[name]
 		ps.mu.RUnlock()
-		if old.reusable(stamp, now) || old.unchanged(stamp) {
+		if old.unchanged(stamp) { // (every reusable scan is)
 			parts = append(parts, old.current())
 			continue
 		}
@@ -263,7 +269,7 @@ func changedInPlace(old, now Partition) string {
 func (ps *partScans) settle(name string, settled bool, due time.Time) {
 	ps.mu.Lock()
 	defer ps.mu.Unlock()
-	if s := ps.byName[name]; s != nil {
+	if s := ps.byName[name]; s != nil && s.byPass {
 		s.settled.Store(settled && !s.touched.Load())
 		if due.IsZero() {
 			s.due.Store(0)
