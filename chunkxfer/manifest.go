@@ -73,6 +73,16 @@ func (m *Manifest) BlockRange(b int) (off, n int64) {
 	return off, min(m.BlockSize, m.Size-off)
 }
 
+// blocksRange is the byte range of blocks b0 to b1.
+func (m *Manifest) blocksRange(b0, b1 int) (off, n int64) {
+	off, _ = m.BlockRange(b0)
+	last, lastN := m.BlockRange(b1)
+	return off, last + lastN - off
+}
+
+// blocksIn is how many blocks of bs make size bytes.
+func blocksIn(size, bs int64) int64 { return (size + bs - 1) / bs }
+
 // blockCRC is the checksum of block b.
 func (m *Manifest) blockCRC(b int) uint32 { return binary.BigEndian.Uint32(m.BlockCRC32C[4*b:]) }
 
@@ -121,16 +131,20 @@ func (m *Manifest) check() error {
 		// no blocks
 	case m.BlockSize <= 0 || m.ChunkSize%m.BlockSize != 0:
 		return fmt.Errorf("manifest of %s: block size %d does not divide chunk size %d", m.Key, m.BlockSize, m.ChunkSize)
-	case int64(len(m.BlockCRC32C)) != 4*((m.Size+m.BlockSize-1)/m.BlockSize):
+	case int64(len(m.BlockCRC32C)) != 4*blocksIn(m.Size, m.BlockSize):
 		return fmt.Errorf("manifest of %s: %d bytes of block checksums for %d bytes in blocks of %d", m.Key, len(m.BlockCRC32C), m.Size, m.BlockSize)
 	}
 	return nil
 }
 
+// servedByBlocks says whether blocks of bs serve m's object: it has
+// more than one.
+func (m *Manifest) servedByBlocks(bs int64) bool { return bs > 0 && m.Size > bs }
+
 // setBlocks gives m the block checksums crcs of blocks of bs, where
-// they serve: an object of more than one block.
+// they serve (servedByBlocks).
 func (m *Manifest) setBlocks(bs int64, crcs []byte) {
-	if bs > 0 && crcs != nil && m.Size > bs {
+	if crcs != nil && m.servedByBlocks(bs) {
 		m.BlockSize, m.BlockCRC32C = bs, crcs
 	}
 }
@@ -138,7 +152,7 @@ func (m *Manifest) setBlocks(bs int64, crcs []byte) {
 // blockCRCs are the CRC32Cs of the blocks of b (from its start), as a
 // manifest holds them.
 func blockCRCs(b []byte, blockSize int64) []byte {
-	out := make([]byte, 0, 4*((int64(len(b))+blockSize-1)/blockSize))
+	out := make([]byte, 0, 4*blocksIn(int64(len(b)), blockSize))
 	for off := int64(0); off < int64(len(b)); off += blockSize {
 		out = binary.BigEndian.AppendUint32(out, crc32c(b[off:min(off+blockSize, int64(len(b)))]))
 	}

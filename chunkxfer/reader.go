@@ -183,9 +183,7 @@ func (r *Reader) readBlocks(ctx context.Context, p []byte, off int64, m readMode
 	if !ok {
 		return 0, false, nil
 	}
-	from, _ := r.m.BlockRange(b0)
-	lastOff, lastN := r.m.BlockRange(b1)
-	size := lastOff + lastN - from
+	from, size := r.m.blocksRange(b0, b1)
 	buf, ok := r.pool.borrow(size)
 	if !ok {
 		return 0, false, nil

@@ -76,20 +76,19 @@ func fetchChunkWith(ctx context.Context, policy retryPolicy, s store.Store, m *M
 // buf (exactly their length) and checks each block's CRC32C, retrying
 // short bodies and mismatches.
 func fetchBlocksWith(ctx context.Context, policy retryPolicy, s store.Store, m *Manifest, b0, b1 int, buf []byte) error {
-	off, _ := m.BlockRange(b0)
-	lastOff, lastN := m.BlockRange(b1)
-	if n := lastOff + lastN - off; int64(len(buf)) != n {
+	off, n := m.blocksRange(b0, b1)
+	if int64(len(buf)) != n {
 		return fmt.Errorf("blocks %d-%d: buffer of %d bytes for %d", b0, b1, len(buf), n)
 	}
 	return policy.do(ctx, func() error {
-		rc, err := s.Get(ctx, m.Key, off, int64(len(buf)), store.GetOptions{IfMatch: m.ETag})
+		rc, err := s.Get(ctx, m.Key, off, n, store.GetOptions{IfMatch: m.ETag})
 		if err != nil {
 			return err
 		}
 		defer rc.Close()
 		for b := b0; b <= b1; b++ {
-			bOff, n := m.BlockRange(b)
-			got, err := readFullCRC(rc, buf[bOff-off:bOff-off+n])
+			bOff, bn := m.BlockRange(b)
+			got, err := readFullCRC(rc, buf[bOff-off:bOff-off+bn])
 			if err != nil {
 				return fmt.Errorf("block %d of %s: %w", b, m.Key, err)
 			}

@@ -116,7 +116,7 @@ func partBlocks(recs map[int32]partRecord, n int32, bs int64) []byte {
 	var out []byte
 	for i := int32(1); i <= n; i++ {
 		r := recs[i]
-		if r.BlockSize != bs || int64(len(r.Blocks)) != 4*((r.Size+bs-1)/bs) {
+		if r.BlockSize != bs || int64(len(r.Blocks)) != 4*blocksIn(r.Size, bs) {
 			return nil
 		}
 		out = append(out, r.Blocks...)
@@ -648,7 +648,7 @@ func (u *Uploader) putSmall(ctx context.Context, f *os.File, path, key string, s
 		progress(size, size)
 	}
 	m := u.manifest(key, info.ETag, size, u.chunkSize(), crcs, src, from)
-	if bs := u.blockSize(); bs > 0 {
+	if bs := u.blockSize(); m.servedByBlocks(bs) {
 		m.setBlocks(bs, blockCRCs(buf, bs))
 	}
 	return m, putManifest(ctx, u.Store, m)
