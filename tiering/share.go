@@ -98,34 +98,25 @@ func (si *storeIndex) statesLog() (*keylog.Log, error) {
 }
 
 // moveLegacyStates moves the store.json files of versions before
-// 2026-12 into the log: each appended (and synced) before its file goes,
-// so a crash in between leaves both, the same.
+// 2026-12 into the log (moveFiles), each under its partition.
 func (si *storeIndex) moveLegacyStates(l *keylog.Log) error {
 	files, err := filepath.Glob(filepath.Join(si.t.cfg.StateDir, "idx", "*", "store.json"))
 	if err != nil {
 		return err
 	}
-	for _, p := range files {
-		b, err := os.ReadFile(p)
-		if err != nil {
-			return err
-		}
+	n, err := moveFiles(files, l, func(p string, b []byte) (string, []byte, error) {
 		var s storeState
 		if err := json.Unmarshal(b, &s); err != nil {
-			return fmt.Errorf("store state %s: %w", p, err)
+			return "", nil, fmt.Errorf("store state %s: %w", p, err)
 		}
-		if b, err = json.Marshal(s); err != nil {
-			return err
-		}
-		if err := l.Put(filepath.Base(filepath.Dir(p)), b); err != nil {
-			return err
-		}
-		if err := os.Remove(p); err != nil {
-			return err
-		}
+		v, err := json.Marshal(s)
+		return filepath.Base(filepath.Dir(p)), v, err
+	})
+	if err != nil {
+		return err
 	}
-	if len(files) > 0 {
-		si.t.cfg.Log.Info("moved the partitions' store states into one log", "partitions", len(files), "path", l.Path())
+	if n > 0 {
+		si.t.cfg.Log.Info("moved the partitions' store states into one log", "partitions", n, "path", l.Path())
 	}
 	return nil
 }

@@ -26,11 +26,9 @@ func openKeyLog(path, what string, log *slog.Logger) (*keylog.Log, error) {
 }
 
 // moveLegacyFiles moves the files (*.json) that versions before 2026-12
-// kept in dir, one per key, into the keyed log l: value gives a file's
-// key and log value (its errors name the file). Each is appended (and
-// synced) before its file is removed, so a crash in between leaves
-// both, the same. It says how many it moved; no dir is none. dir itself
-// is left to the caller.
+// kept in dir, one per key, into the keyed log l (see moveFiles). It
+// says how many it moved; no dir is none. dir itself is left to the
+// caller.
 func moveLegacyFiles(dir string, l *keylog.Log, value func(path string, b []byte) (key string, val []byte, err error)) (int, error) {
 	ents, err := os.ReadDir(dir)
 	if errors.Is(err, os.ErrNotExist) {
@@ -39,12 +37,22 @@ func moveLegacyFiles(dir string, l *keylog.Log, value func(path string, b []byte
 	if err != nil {
 		return 0, err
 	}
-	n := 0
+	var paths []string
 	for _, e := range ents {
-		if !e.Type().IsRegular() || filepath.Ext(e.Name()) != ".json" {
-			continue
+		if e.Type().IsRegular() && filepath.Ext(e.Name()) == ".json" {
+			paths = append(paths, filepath.Join(dir, e.Name()))
 		}
-		p := filepath.Join(dir, e.Name())
+	}
+	return moveFiles(paths, l, value)
+}
+
+// moveFiles moves legacy state files, one per key, into the keyed log
+// l: value gives a file's key and log value (its errors name the file).
+// Each is appended (and synced) before its file is removed, so a crash
+// in between leaves both, the same. It says how many it moved.
+func moveFiles(paths []string, l *keylog.Log, value func(path string, b []byte) (key string, val []byte, err error)) (int, error) {
+	n := 0
+	for _, p := range paths {
 		b, err := os.ReadFile(p)
 		if err != nil {
 			return n, err
