@@ -284,10 +284,20 @@ func (n *node) OpendirHandle(ctx context.Context, flags uint32) (gofs.FileHandle
 		return nil, 0, errno
 	}
 	if n.isRoot() {
-		return &hidingDir{inner: ds, hidden: StateDirName}, 0, 0
+		return &hidingDir{inner: ds, hidden: StateDirName}, dirCacheFlags, 0
 	}
-	return ds, 0, 0
+	return ds, dirCacheFlags, 0
 }
+
+// dirCacheFlags let the kernel keep a directory's listing and serve the
+// next opendir and readdir of it from memory. It drops the listing when
+// the directory changes through the mount, and when the directory's
+// mtime differs at the next listing: a change made behind the mount's
+// back shows once the kernel refreshes the directory's attributes (at
+// most AttrTimeout, as for names). A broker lists each partition
+// directory about seven times at start-up; each was a READDIRPLUS of
+// every entry.
+const dirCacheFlags = fuse.FOPEN_CACHE_DIR | fuse.FOPEN_KEEP_CACHE
 
 // hidingDir is a directory stream that leaves out one name.
 type hidingDir struct {

@@ -7,6 +7,11 @@
 //     for Config.AttrTimeout, and failed lookups for EntryTimeout. Changes made
 //     through the mount invalidate them at once; only changes made directly
 //     in a separate backing directory can be seen that late.
+//   - The kernel keeps each directory's listing (FOPEN_CACHE_DIR) until the
+//     directory changes through the mount, or its mtime is seen to change
+//     once its attributes are refreshed: a name made or removed in the
+//     backing directory behind the mount's back shows in a listing within
+//     AttrTimeout, as it does in a lookup.
 //   - Without passthrough the kernel caches file pages; they are dropped at
 //     each open (no FOPEN_KEEP_CACHE for local files). With passthrough the
 //     kernel reads and writes the backing file and there is no FUSE page

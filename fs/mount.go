@@ -198,6 +198,13 @@ func (m *Mounted) start() error {
 			MaxReadAhead: maxReadAhead,
 			DirectMount:  true,
 			Debug:        cfg.Debug,
+			// The kernel asks for READDIRPLUS (names with attributes,
+			// a lookup of every entry) for the start of a listing and
+			// after lookups in the directory, plain READDIR for the
+			// rest, as libfuse's default: a program that lists a
+			// directory for its names (a broker at start-up) does not
+			// pay a lookup of every entry.
+			ExtraCapabilities: fuse.CAP_READDIRPLUS_AUTO,
 			// Each open file's kernel passthrough needs the kernel to
 			// accept backing files one level below FUSE.
 			MaxStackDepth: 1,

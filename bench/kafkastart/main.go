@@ -22,6 +22,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"sort"
 	"strconv"
 	"strings"
 	"syscall"
@@ -85,6 +86,9 @@ func main() {
 		// On the tiered mount: what each start cost.
 		moves, hydrated, fetched float64
 		localGrew                int64
+		// FUSE requests by op over all starts: how many, and tierfs's
+		// seconds answering them.
+		ops, opSeconds map[string]float64
 	}
 	configs := []*config{{name: "plain directory", logDir: plain}}
 	for i, c := range []struct {
@@ -98,13 +102,13 @@ func main() {
 		if out, err := exec.Command("cp", "-a", plain, backing).CombinedOutput(); err != nil {
 			check(fmt.Errorf("cp: %v %s", err, out))
 		}
-		cfg := &config{name: c.name, logDir: mnt, backing: backing}
-		args := []string{"--backing", backing}
+		cfg := &config{name: c.name, logDir: mnt, backing: backing, ops: map[string]float64{}, opSeconds: map[string]float64{}}
+		cfg.metrics, err = benchutil.FreeAddr()
+		check(err)
+		args := []string{"--backing", backing, "--metrics-listen", cfg.metrics}
 		if c.remote {
-			cfg.metrics, err = benchutil.FreeAddr()
-			check(err)
 			args = append(args, "--remote", "file://"+filepath.Join(base, "remote"), "--ship-after", "0s",
-				"--local-retention-bytes", "1", "--tier-interval", "2s", "--metrics-listen", cfg.metrics)
+				"--local-retention-bytes", "1", "--tier-interval", "2s")
 		}
 		stop, err := benchutil.Mount(tierfsBin, filepath.Join(base, "tierfs.log"), nil, append(args, mnt)...)
 		check(err)
@@ -124,14 +128,21 @@ func main() {
 			c := configs[(k+r)%len(configs)]
 			check(br.SetLogDir(c.logDir))
 			var before cost
+			var opsBefore, secsBefore map[string]float64
 			if c.metrics != "" {
 				before = costOf(c.metrics, c.backing)
+				opsBefore, secsBefore = fuseOps(c.metrics)
 			}
 			benchutil.DropCaches()
 			var serr error
 			d := benchutil.Time(func() { serr = br.Restart() })
 			check(serr)
 			if c.metrics != "" {
+				ops, secs := fuseOps(c.metrics)
+				for op, n := range ops {
+					c.ops[op] += n - opsBefore[op]
+					c.opSeconds[op] += secs[op] - secsBefore[op]
+				}
 				time.Sleep(3 * time.Second) // a move or a fetch the start began shows by now
 				after := costOf(c.metrics, c.backing)
 				c.moves += after.moves - before.moves
@@ -177,7 +188,25 @@ func main() {
 			fmt.Sprintf("%.2f", benchutil.Median(benchutil.Ratios(c.starts, configs[0].starts))), vsMount}, costs...))
 		chart.Bars = append(chart.Bars, benchutil.Bar{Label: c.name, Value: benchutil.Median(c.starts)})
 	}
-	rep.After = []string{"moves, bytes hydrated and bytes fetched are summed over all starts of the tiered mount (each measured from just before the start to 3 s after \"Kafka Server started\"); local bytes grew by: the largest growth of the backing directory's allocated bytes over one start."}
+	for _, c := range configs[1:] {
+		type opCost struct {
+			op      string
+			n, secs float64
+		}
+		var all []opCost
+		for op, n := range c.ops {
+			all = append(all, opCost{op, n / float64(len(c.starts)), c.opSeconds[op] / float64(len(c.starts))})
+		}
+		sort.Slice(all, func(i, j int) bool { return all[i].n > all[j].n })
+		var parts []string
+		for _, o := range all {
+			if o.n >= 1 {
+				parts = append(parts, fmt.Sprintf("%s %.0f (%.2f s)", o.op, o.n, o.secs))
+			}
+		}
+		rep.After = append(rep.After, fmt.Sprintf("FUSE requests per start (from the process's start to \"Kafka Server started\"), %s: %s; in parentheses, tierfs's time answering them, summed over concurrent requests.", c.name, strings.Join(parts, ", ")))
+	}
+	rep.After = append(rep.After, "moves, bytes hydrated and bytes fetched are summed over all starts of the tiered mount (each measured from just before the start to 3 s after \"Kafka Server started\"); local bytes grew by: the largest growth of the backing directory's allocated bytes over one start.")
 	if otherProblems > 0 {
 		rep.After = append(rep.After, fmt.Sprintf("The broker logged %d error lines in all starts, none about its log dir (they are in the benchmark's output).", otherProblems))
 	}
@@ -209,8 +238,42 @@ func costOf(addr, backing string) cost {
 	return cost{moves: m["tierfs_moves_total"], hydrated: m["tierfs_hydrated_bytes_total"], fetched: m["tierfs_remote_fetch_bytes_total"], local: allocated(backing)}
 }
 
+// fuseOps reads the mount's FUSE request counts and seconds by op.
+func fuseOps(addr string) (count, seconds map[string]float64) {
+	count, seconds = map[string]float64{}, map[string]float64{}
+	for k, v := range scrapeLabeled(addr) {
+		op := labelValue(k, "op")
+		switch {
+		case strings.HasPrefix(k, "tierfs_fuse_requests_total{"):
+			count[op] += v
+		case strings.HasPrefix(k, "tierfs_fuse_request_duration_seconds_sum{"):
+			seconds[op] += v
+		}
+	}
+	return count, seconds
+}
+
+// labelValue is the value of label name in a sample's name and labels.
+func labelValue(sample, name string) string {
+	i := strings.Index(sample, name+"=\"")
+	if i < 0 {
+		return ""
+	}
+	v := sample[i+len(name)+2:]
+	return v[:strings.IndexByte(v, '"')]
+}
+
 // scrape sums each metric over its label sets.
 func scrape(addr string) map[string]float64 {
+	out := map[string]float64{}
+	for k, v := range scrapeLabeled(addr) {
+		out[k[:strings.IndexAny(k+" ", "{ ")]] += v
+	}
+	return out
+}
+
+// scrapeLabeled reads every sample by its name and labels.
+func scrapeLabeled(addr string) map[string]float64 {
 	out := map[string]float64{}
 	resp, err := http.Get("http://" + addr + "/metrics")
 	if err != nil {
@@ -223,7 +286,7 @@ func scrape(addr string) map[string]float64 {
 		if strings.HasPrefix(l, "#") {
 			continue
 		}
-		name := l[:strings.IndexAny(l, "{ ")]
+		name := l[:strings.LastIndexByte(l, ' ')]
 		if v, err := strconv.ParseFloat(l[strings.LastIndexByte(l, ' ')+1:], 64); err == nil {
 			out[name] += v
 		}
