@@ -52,15 +52,15 @@ var _ tiered.File = (*openFile)(nil)
 
 // Open gives the file system its view of the tiered file at fd (a
 // descriptor of the backing file, O_PATH or not, which stays the caller's),
-// inode ino, named rel from the root. The record is read now; the file
-// is told of later changes.
+// inode ino, named rel from the root. The record is read at the first
+// call that needs it, and again after each change the file is told of: a
+// broker opens every segment at start-up and uses few of them, and the
+// record of an evicted file is a read from disk of its own (an xattr
+// block) once the page cache has been dropped. A record that cannot be
+// read is the error of that call, not of the open.
 func (t *Tierer) Open(ino uint64, rel string, fd int, flags tiered.OpenFlags) (tiered.File, error) {
 	f := &openFile{t: t, ino: ino, rel: rel, fd: fd, flags: flags}
 	t.handles.add(f)
-	if _, err := f.current(); err != nil {
-		t.handles.remove(f)
-		return nil, err
-	}
 	return f, nil
 }
 

@@ -7,6 +7,7 @@ import (
 	"io"
 	"os"
 	"path/filepath"
+	"strings"
 	"syscall"
 	"testing"
 
@@ -158,4 +159,47 @@ func TestOpenFileFollowsItsState(t *testing.T) {
 	if n := tr.handles.open(); n != 0 {
 		t.Errorf("%d handles open after close", n)
 	}
+}
+
+// An open reads nothing of the file's record (a broker opens every
+// segment at start-up): the first call that needs the state reads it,
+// and a record that cannot be read is that call's error, naming the
+// file, while the open itself succeeds.
+func TestOpenReadsTheRecordAtFirstUse(t *testing.T) {
+	root, bases, _ := logDir(t)
+	tr := newTierer(t, root, store.NewMem(nil), 1<<40)
+	ctx := context.Background()
+	rel := "orders-0/" + kafkaName(bases["orders-0"][1], ".log")
+	path := filepath.Join(root, rel)
+	if _, err := tr.ShipNow(ctx, rel, nil); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := tr.EvictNow(ctx, rel, nil); err != nil {
+		t.Fatal(err)
+	}
+	rec, has, err := readRecord(path)
+	if err != nil || !has {
+		t.Fatalf("no record after eviction: %v", err)
+	}
+	if err := unix.Setxattr(path, recordXattr, []byte("{not json"), 0); err != nil {
+		t.Fatal(err)
+	}
+	f, fd, _ := openTiered(t, tr, path, rel)
+	defer fd.Close()
+	defer f.Close()
+	if _, err := f.State(); err == nil || !strings.Contains(err.Error(), rel) {
+		t.Fatalf("state of a file with a bad record: %v, want an error naming %s", err, rel)
+	}
+	if _, err := f.ReadAt(make([]byte, 10), 0); err == nil {
+		t.Fatal("a read of a file with a bad record returned bytes")
+	}
+
+	// Put right before the first use of another open: that open sees it.
+	g, gfd, _ := openTiered(t, tr, path, rel)
+	defer gfd.Close()
+	defer g.Close()
+	if err := writeRecord(path, rec); err != nil {
+		t.Fatal(err)
+	}
+	wantState(t, g, StateRemote)
 }
