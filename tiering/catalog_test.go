@@ -28,8 +28,8 @@ func TestRecordsFollowTheCtime(t *testing.T) {
 		t.Fatal(err)
 	}
 	seg := p.Segments[0]
-	if _, has, err := rc.of(seg); err != nil || has {
-		t.Fatalf("a local segment: has %v, %v", has, err)
+	if rs, err := rc.of(seg); err != nil || rs.Has {
+		t.Fatalf("a local segment: has %v, %v", rs.Has, err)
 	}
 	if rc.size() != 0 {
 		t.Fatal("kept a record whose ctime is younger than recordSettle")
@@ -40,11 +40,11 @@ func TestRecordsFollowTheCtime(t *testing.T) {
 		t.Fatal("did not keep a settled record")
 	}
 	// Shipped behind its back: the old ctime still gives what was read.
-	rec := Record{State: StateShipped, Key: "k", Ino: seg.Ino, Size: seg.Size}
+	rec := Record{State: StateShipped, Key: "k", Ino: seg.Ino, Size: seg.Size, MtimeNs: seg.Mtime.UnixNano()}
 	if err := writeRecord(seg.Path, rec); err != nil {
 		t.Fatal(err)
 	}
-	if _, has, _ := rc.of(seg); has {
+	if rs, _ := rc.of(seg); rs.Has {
 		t.Fatal("read the record again though the ctime did not move")
 	}
 	// A scan after the change sees a new ctime, and the record.
@@ -52,8 +52,18 @@ func TestRecordsFollowTheCtime(t *testing.T) {
 	if p.Segments[0].Ctime == seg.Ctime {
 		t.Skip("the file system kept the ctime through a setxattr")
 	}
-	if got, has, _ := rc.of(p.Segments[0]); !has || got.Key != "k" {
-		t.Fatalf("after the change: %+v %v", got, has)
+	got, _ := rc.of(p.Segments[0])
+	if !got.Has || got.State != StateShipped || !got.names("k") || got.names("k2") || !got.SameFile {
+		t.Fatalf("after the change: %+v", got)
+	}
+	// A record of another version of the file (Kafka truncated it
+	// since) is not of the same file.
+	if err := writeRecord(seg.Path, Record{State: StateShipped, Key: "k", Ino: seg.Ino, Size: seg.Size + 1, MtimeNs: seg.Mtime.UnixNano()}); err != nil {
+		t.Fatal(err)
+	}
+	p, _ = ScanPartition(root, "orders-0")
+	if got, _ := rc.of(p.Segments[0]); !got.Has || got.SameFile {
+		t.Fatalf("a record of another size: %+v", got)
 	}
 	rc.forget(seg.Ino)
 	rc.keep(map[uint64]*Segment{})

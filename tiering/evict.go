@@ -39,16 +39,16 @@ func (ev *evictor) evictUnderRetention(ctx context.Context, parts []Partition, n
 		var shipped []cand
 		var local int64
 		for _, seg := range p.Segments {
-			rec, has, err := ev.t.records.of(seg)
+			rs, err := ev.t.records.of(seg)
 			if err != nil {
 				errs = append(errs, ev.t.status.noteErr(p.Name, err))
 				continue
 			}
-			if has && rec.State == StateRemote {
+			if rs.Has && rs.State == StateRemote {
 				continue
 			}
 			local += seg.Size
-			if has && rec.State == StateShipped {
+			if rs.Has && rs.State == StateShipped {
 				shipped = append(shipped, cand{p.Name, seg})
 			}
 		}
@@ -154,6 +154,16 @@ func (ev *evictor) Evict(path string) error {
 	return nil
 }
 
+// finishEvictRead is finishEvict with the record read from the file
+// (the records cache keeps only its state).
+func (ev *evictor) finishEvictRead(seg Segment) (bool, error) {
+	rec, has, err := readRecord(seg.Path)
+	if err != nil || !has || rec.State != StateRemote {
+		return false, err // changed since: the next pass sees it as it is
+	}
+	return ev.finishEvict(seg, rec)
+}
+
 // finishEvict makes a remote-marked file hold no local bytes and carry
 // its recorded mtime, then records that; it reports whether it had
 // anything to do.
@@ -198,7 +208,7 @@ func (ev *evictor) retentionDue(p Partition) time.Time {
 		return time.Time{}
 	}
 	for _, seg := range p.Segments {
-		if rec, has, err := ev.t.records.of(seg); err == nil && has && rec.State == StateShipped {
+		if rs, err := ev.t.records.of(seg); err == nil && rs.Has && rs.State == StateShipped {
 			return seg.Mtime.Add(ev.t.cfg.LocalRetentionAge)
 		}
 	}

@@ -159,17 +159,19 @@ func (sp *shipper) shipPartition(ctx context.Context, p Partition, cp Checkpoint
 	sp.t.status.noteKept(p.Name, Segment{}, "")
 	sp.t.roles.checkEpoch(p.Name)
 	for _, seg := range p.Segments {
-		rec, has, err := sp.t.records.of(seg)
+		rs, err := sp.t.records.of(seg)
 		if err != nil {
 			rep.Errors = append(rep.Errors, sp.t.status.noteErr(p.Name, err))
 			blocked = "an earlier segment failed"
 			continue
 		}
-		if has && rec.State == StateShipped && (rec.Ino != seg.Ino || rec.Size != seg.Size || rec.MtimeNs != seg.Mtime.UnixNano()) {
+		has := rs.Has
+		if has && rs.State == StateShipped && !rs.SameFile {
 			// Changed after it shipped (Kafka truncated it): the copy is
 			// stale. Forget it; followDeletions deletes it and the file
 			// ships again when it is eligible.
-			sp.t.cfg.Log.Warn("shipped segment changed; its remote copy is stale", "segment", seg.Path, "key", rec.Key)
+			stale, _, _ := readRecord(seg.Path)
+			sp.t.cfg.Log.Warn("shipped segment changed; its remote copy is stale", "segment", seg.Path, "key", stale.Key)
 			if err := unix.Removexattr(seg.Path, recordXattr); err != nil {
 				rep.Errors = append(rep.Errors, sp.t.status.noteErr(p.Name, err))
 				blocked = "an earlier segment failed"
@@ -182,8 +184,8 @@ func (sp *shipper) shipPartition(ctx context.Context, p Partition, cp Checkpoint
 			// An unfreed remote file is an eviction or a hydration
 			// that tierfs died in: its local bytes go. One under way
 			// now holds its claim.
-			if ino := inodeClaim(seg.Ino); rec.State == StateRemote && !rec.Freed && sp.t.claims.take(ino) {
-				if fixed, err := sp.t.evictor.finishEvict(seg, rec); err != nil {
+			if ino := inodeClaim(seg.Ino); rs.State == StateRemote && !rs.Freed && sp.t.claims.take(ino) {
+				if fixed, err := sp.t.evictor.finishEvictRead(seg); err != nil {
 					rep.Errors = append(rep.Errors, sp.t.status.noteErr(p.Name, err))
 				} else if fixed {
 					rep.Recovered++

@@ -91,8 +91,8 @@ var errNoHandle = errors.New("no file handle (the backing file system has none)"
 // shipment's key, or it is still being shipped.
 // recorded says whether the live segment seg's record names shipment s.
 func (dl *deleter) recorded(seg Segment, s Shipment) bool {
-	rec, has, err := dl.t.records.of(seg)
-	return err == nil && has && rec.Key == s.Key
+	rs, err := dl.t.records.of(seg)
+	return err == nil && rs.names(s.Key)
 }
 
 func (dl *deleter) alive(rootFd int, s Shipment) (bool, error) {

@@ -81,10 +81,10 @@ func (t *Tierer) Summary() ([]PartitionSummary, error) {
 		return nil, err
 	}
 	return summarize(parts, func(seg Segment) tiered.State {
-		rec, has, err := t.records.of(seg)
-		if err != nil || !has {
+		rs, err := t.records.of(seg)
+		if err != nil || !rs.Has {
 			return StateLocal // counted as not shipped
 		}
-		return rec.State
+		return rs.State
 	}), nil
 }
