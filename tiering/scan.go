@@ -106,9 +106,22 @@ func scanPartition(root, name string, pd kafka.PartitionDir) (Partition, error) 
 	if err != nil {
 		return p, err
 	}
-	for _, f := range files {
+	isSegment := func(f os.DirEntry) (kafka.SegmentName, bool) {
 		sn, ok := kafka.ParseSegmentName(f.Name())
-		if !ok || sn.Kind != kafka.KindLog || sn.Suffix != "" || !f.Type().IsRegular() {
+		return sn, ok && sn.Kind == kafka.KindLog && sn.Suffix == "" && f.Type().IsRegular()
+	}
+	// The scan is kept (partScans) until the partition changes: its
+	// segments get a slice of their own size, not what appends grew.
+	n := 0
+	for _, f := range files {
+		if _, ok := isSegment(f); ok {
+			n++
+		}
+	}
+	p.Segments = make([]Segment, 0, n)
+	for _, f := range files {
+		sn, ok := isSegment(f)
+		if !ok {
 			continue
 		}
 		fi, err := f.Info()
