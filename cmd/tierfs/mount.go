@@ -9,6 +9,7 @@ import (
 	"os"
 	"os/signal"
 	"path/filepath"
+	"runtime"
 	"runtime/debug"
 	"runtime/pprof"
 	"strings"
@@ -84,9 +85,10 @@ func runMount(c *cli.Context) error {
 		}
 		defer func() { pprof.StopCPUProfile(); f.Close() }()
 	}
-	// And a heap profile, written when the mount ends.
+	// And a heap profile of what is live when the mount ends.
 	if p := os.Getenv("TIERFS_MEMPROFILE"); p != "" {
 		defer func() {
+			runtime.GC() // the profile's in-use figures are as of the last collection
 			if f, err := os.Create(p); err == nil {
 				pprof.WriteHeapProfile(f)
 				f.Close()
