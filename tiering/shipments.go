@@ -10,6 +10,7 @@ import (
 	"sort"
 	"strings"
 	"sync"
+	"time"
 
 	"github.com/tierfs/tierfs/idx/kafka"
 	"github.com/tierfs/tierfs/internal/keylog"
@@ -29,9 +30,9 @@ type shipmentCatalog struct {
 	log *slog.Logger
 
 	mu     sync.Mutex
-	loaded bool                           // GUARDED_BY(mu)
-	byPart map[string]map[string]Shipment // partition → object key → shipment; GUARDED_BY(mu)
-	logs   map[string]*keylog.Log         // by partition; GUARDED_BY(mu)
+	loaded bool                               // GUARDED_BY(mu)
+	byPart map[string]map[string]keptShipment // partition → object key → shipment; GUARDED_BY(mu)
+	logs   map[string]*keylog.Log             // by partition; GUARDED_BY(mu)
 	// Kept shipments hold their objects as in their log line (from the
 	// stem mark on), each such name once for all (most are the same
 	// eleven): a whole key per object would be most of the catalog's
@@ -41,7 +42,7 @@ type shipmentCatalog struct {
 }
 
 func newShipmentCatalog(dir func() string, log *slog.Logger) *shipmentCatalog {
-	return &shipmentCatalog{dir: dir, log: log, byPart: map[string]map[string]Shipment{}, logs: map[string]*keylog.Log{}, names: map[string]string{}, lists: map[string][]string{}}
+	return &shipmentCatalog{dir: dir, log: log, byPart: map[string]map[string]keptShipment{}, logs: map[string]*keylog.Log{}, names: map[string]string{}, lists: map[string][]string{}}
 }
 
 func (c *shipmentCatalog) root() string { return filepath.Join(c.dir(), "shipments") }
@@ -66,7 +67,7 @@ func (c *shipmentCatalog) loadLocked() error {
 			parts = append(parts, e.Name())
 		}
 	}
-	byPart, logs := map[string]map[string]Shipment{}, map[string]*keylog.Log{}
+	byPart, logs := map[string]map[string]keptShipment{}, map[string]*keylog.Log{}
 	for _, part := range parts {
 		if logs[part] != nil {
 			continue // both: done
@@ -85,8 +86,11 @@ func (c *shipmentCatalog) loadLocked() error {
 			if err := json.Unmarshal(val, &s); err != nil {
 				return fmt.Errorf("shipment %s in %s: %w", key, l.Path(), err)
 			}
+			if s.Key == key {
+				s.Key = key // the log's copy of the string, not a second one
+			}
 			if byPart[part] == nil {
-				byPart[part] = map[string]Shipment{}
+				byPart[part] = map[string]keptShipment{}
 			}
 			byPart[part][s.Key] = c.keptLocked(s)
 			return nil
@@ -140,7 +144,7 @@ func (c *shipmentCatalog) get(partition, key string) (Shipment, error) {
 	if !ok {
 		return Shipment{}, &os.PathError{Op: "shipment", Path: filepath.Join(c.root(), partition+keyLogExt) + ": " + key, Err: os.ErrNotExist}
 	}
-	return expandShipment(s), nil
+	return expandShipment(partition, s), nil
 }
 
 // has says whether partition has a shipment of key.
@@ -172,7 +176,7 @@ func (c *shipmentCatalog) put(s Shipment) error {
 		return err
 	}
 	if c.byPart[s.Partition] == nil {
-		c.byPart[s.Partition] = map[string]Shipment{}
+		c.byPart[s.Partition] = map[string]keptShipment{}
 	}
 	c.byPart[s.Partition][s.Key] = c.keptLocked(s)
 	return nil
@@ -209,7 +213,7 @@ func (c *shipmentCatalog) of(partition string) ([]Shipment, error) {
 	}
 	out := make([]Shipment, 0, len(c.byPart[partition]))
 	for _, s := range c.byPart[partition] {
-		out = append(out, expandShipment(s))
+		out = append(out, expandShipment(partition, s))
 	}
 	sortShipments(out)
 	return out, nil
@@ -252,9 +256,25 @@ func sortShipments(ss []Shipment) {
 // names do not).
 const stemMark = "~"
 
-// keptLocked is s as the catalog keeps it: its objects from the stem
-// mark on (as in its log line), each such name shared.
-func (c *shipmentCatalog) keptLocked(s Shipment) Shipment {
+// keptShipment is a shipment as the catalog keeps it, about two thirds
+// of a Shipment: no partition (the catalog's map has it) or version,
+// its time in nanoseconds, its handle a string, its objects as in its
+// log line (from the stem mark on), each such name and most lists
+// shared.
+type keptShipment struct {
+	State      ShipmentState // one shared copy of the name
+	Key        string
+	Objects    []string
+	Manifest   string
+	Handle     string
+	Base       int64
+	Ino        uint64
+	SinceNs    int64
+	HandleType int32
+}
+
+// keptLocked is s as the catalog keeps it.
+func (c *shipmentCatalog) keptLocked(s Shipment) keptShipment {
 	objs := make([]string, len(s.Objects))
 	for i, o := range s.Objects {
 		if o = stemForm(s.Key, o); strings.HasPrefix(o, stemMark) {
@@ -269,10 +289,15 @@ func (c *shipmentCatalog) keptLocked(s Shipment) Shipment {
 	} else if !slices.ContainsFunc(objs, func(o string) bool { return !strings.HasPrefix(o, stemMark) }) {
 		c.lists[id] = objs // only lists of the stem's names repeat
 	}
-	s.Objects = objs
-	s.State = ShipmentState(c.name(string(s.State)))
-	s.Partition = c.name(s.Partition)
-	return s
+	k := keptShipment{State: ShipmentState(c.name(string(s.State))), Key: s.Key, Objects: objs, Manifest: s.Manifest,
+		Base: s.Base, Ino: s.Ino, HandleType: s.HandleType}
+	if len(s.Handle) > 0 {
+		k.Handle = string(s.Handle)
+	}
+	if !s.Since.IsZero() {
+		k.SinceNs = s.Since.UnixNano()
+	}
+	return k
 }
 
 // name is the one kept copy of a string many shipments hold.
@@ -304,14 +329,20 @@ func wholeForm(key, o string) string {
 	return o
 }
 
-// expandShipment is a kept shipment with whole object keys, in a slice
-// of its own.
-func expandShipment(s Shipment) Shipment {
-	objs := make([]string, len(s.Objects))
-	for i, o := range s.Objects {
-		objs[i] = wholeForm(s.Key, o)
+// expandShipment is the kept shipment k of partition as a Shipment,
+// with whole object keys in a slice of its own.
+func expandShipment(partition string, k keptShipment) Shipment {
+	s := Shipment{Version: 1, State: k.State, Partition: partition, Base: k.Base, Key: k.Key, Manifest: k.Manifest,
+		Ino: k.Ino, HandleType: k.HandleType, Objects: make([]string, len(k.Objects))}
+	for i, o := range k.Objects {
+		s.Objects[i] = wholeForm(k.Key, o)
 	}
-	s.Objects = objs
+	if k.Handle != "" {
+		s.Handle = []byte(k.Handle)
+	}
+	if k.SinceNs != 0 {
+		s.Since = time.Unix(0, k.SinceNs).UTC()
+	}
 	return s
 }
 
