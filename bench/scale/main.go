@@ -3,7 +3,10 @@
 // shipped to a directory store. It mounts the log dir afresh, ships
 // everything, and then measures what must not grow with what is stored:
 // the CPU of idle passes, memory, tierfs status, the state kept per
-// segment, and a clean restart.
+// segment, and a clean restart. Then a follower (a second mount over a
+// copy of the same log dir, --role follower, sharing the store) maps its
+// segments onto what the first shipped: how long that takes, its CPU,
+// and its idle passes.
 //
 //	go run ./bench/scale -tierfs bin/tierfs -partitions 2000 -segments 50
 package main
@@ -33,6 +36,7 @@ type config struct {
 	work                 string
 	cpuProfile           string
 	store                string
+	follower             bool
 }
 
 func main() {
@@ -44,6 +48,7 @@ func main() {
 	flag.StringVar(&c.work, "work", "", "work directory (default: a new one under /var/tmp, removed after)")
 	flag.StringVar(&c.store, "store", "dir", "the store: dir (a directory on the same disk) or s3 (versitygw on 127.0.0.1, started here)")
 	flag.StringVar(&c.cpuProfile, "cpuprofile", "", "write a CPU profile of the first mount (the one that ships) to this file")
+	flag.BoolVar(&c.follower, "follower", true, "then measure a follower over a copy of the log dir")
 	flag.Parse()
 	if err := run(c); err != nil {
 		fmt.Fprintln(os.Stderr, "bench-scale:", err)
@@ -67,7 +72,8 @@ func run(c config) error {
 		defer os.RemoveAll(work)
 	}
 	backing, storeDir, mnt := filepath.Join(work, "backing"), filepath.Join(work, "store"), filepath.Join(work, "mnt")
-	for _, d := range []string{backing, storeDir, mnt} {
+	fbacking, fmnt := filepath.Join(work, "follower-backing"), filepath.Join(work, "follower-mnt")
+	for _, d := range []string{backing, storeDir, mnt, fmnt} {
 		if err := os.MkdirAll(d, 0o755); err != nil {
 			return err
 		}
@@ -98,6 +104,13 @@ func run(c config) error {
 		return err
 	}
 	segSize := fileSize(filepath.Join(backing, "scale-0", "00000000000000000000.log"))
+	if c.follower {
+		// The follower's replica: the same bytes, before any mount
+		// marked a file.
+		if out, err := exec.Command("cp", "-a", backing, fbacking).CombinedOutput(); err != nil {
+			return fmt.Errorf("cp: %v %s", err, out)
+		}
+	}
 	addr, err := benchutil.FreeAddr()
 	if err != nil {
 		return err
@@ -105,7 +118,7 @@ func run(c config) error {
 	mount := func(interval string, log string, env ...string) (func(), int, time.Duration, error) {
 		t0 := time.Now()
 		unmount, pid, err := benchutil.MountProc(c.bin, filepath.Join(work, log), append(env, storeEnv...),
-			"--backing", backing, "--remote", remote, "--ship-after", "0s", "--tier-interval", interval, "--metrics-listen", addr, mnt)
+			"--backing", backing, "--remote", remote, "--broker-id", "1", "--ship-after", "0s", "--tier-interval", interval, "--metrics-listen", addr, mnt)
 		return unmount, pid, time.Since(t0), err
 	}
 	var rs []result
@@ -186,6 +199,11 @@ func run(c config) error {
 		return err
 	}
 	add("idle CPU, --tier-interval 30s", fmt.Sprintf("%.2f%% of a core", 100*cpu30), "≤ 1%", cpu30 <= 0.01)
+	if c.follower {
+		if err := measureFollower(c, work, fbacking, fmnt, remote, storeEnv, total, add); err != nil {
+			return err
+		}
+	}
 
 	r := benchutil.Report{
 		Name:  "scale" + map[bool]string{true: "-s3"}[c.store == "s3"],
@@ -197,8 +215,61 @@ func run(c config) error {
 	for _, x := range rs {
 		r.Rows = append(r.Rows, []string{x.what, x.value, x.target, x.met})
 	}
-	r.After = []string{"Not measured here: a follower's pass. A Kafka broker's start-up with 10,000 segments on the mount is `bench/kafkastart` (`make bench-kafka`)."}
+	r.After = []string{"A Kafka broker's start-up with 10,000 segments on the mount is `bench/kafkastart` (`make bench-kafka`)."}
+	if c.follower {
+		r.After = append(r.After, fmt.Sprintf("The follower: a copy of the log dir made before the first mount, mounted with `--role follower --broker-id 2 --tier-interval 2s --follow-interval 10s` once the first mount (`--broker-id 1`) has shipped everything and stopped; it maps each of its segments onto the objects the first shipped (reading the segment's batches and the store's partition index and batch lists) and uploads nothing. Its idle CPU is over %s once every segment is mapped.", c.idle))
+	}
 	return r.Emit()
+}
+
+// measureFollower mounts a follower over fbacking, sharing the store the
+// first mount shipped everything to, and measures how long it takes to
+// map every segment onto the shipped objects, its CPU per segment and
+// its idle CPU once done.
+func measureFollower(c config, work, fbacking, fmnt, remote string, storeEnv []string, total int, add func(what, value, target string, met bool)) error {
+	addr, err := benchutil.FreeAddr()
+	if err != nil {
+		return err
+	}
+	fmt.Fprintln(os.Stderr, "a follower maps its segments...")
+	t0 := time.Now()
+	unmount, pid, err := benchutil.MountProc(c.bin, filepath.Join(work, "follower.log"), storeEnv,
+		"--backing", fbacking, "--remote", remote, "--role", "follower", "--broker-id", "2", "--ship-after", "0s",
+		"--tier-interval", "2s", "--follow-interval", "10s", "--metrics-listen", addr, fmnt)
+	if err != nil {
+		return err
+	}
+	defer unmount()
+	cpu0, _ := procmem.CPUSeconds(pid)
+	// Given up on when nothing more is mapped for two minutes.
+	var mapped, last float64
+	lastMove := time.Now()
+	err = benchutil.WaitEvery(func() bool {
+		mapped, _ = benchutil.Metric(addr, "tierfs_mapped_segments_total")
+		if mapped > last {
+			last, lastMove = mapped, time.Now()
+		}
+		return int(mapped) >= total || time.Since(lastMove) > 2*time.Minute
+	}, 3*time.Hour, time.Second, "every segment mapped")
+	if err == nil && int(mapped) < total {
+		err = fmt.Errorf("the follower mapped %d of %d segments, and nothing more for two minutes (log in %s)", int(mapped), total, filepath.Join(work, "follower.log"))
+	}
+	if err != nil {
+		return err
+	}
+	took := time.Since(t0)
+	cpu1, _ := procmem.CPUSeconds(pid)
+	add(fmt.Sprintf("follower: map %d segments onto the shipped objects (mount to done)", total), fmt.Sprintf("%s (%.0f segments/s)", took.Round(time.Second), float64(total)/took.Seconds()), "", false)
+	add("follower: CPU per mapped segment", fmt.Sprintf("%.2f ms", 1000*(cpu1-cpu0)/float64(total)), "", false)
+	time.Sleep(5 * time.Second)
+	cpu, err := idleCPU(pid, c.idle)
+	if err != nil {
+		return err
+	}
+	add("follower: idle CPU, --tier-interval 2s, --follow-interval 10s", fmt.Sprintf("%.2f%% of a core", 100*cpu), "≤ 2%", cpu <= 0.02)
+	rss, _ := procmem.RSS(pid)
+	add("follower: RSS, idle", size(rss), "≤ 200 MiB", rss <= 200<<20)
+	return nil
 }
 
 // idleCPU is the share of a core process pid used over d.
