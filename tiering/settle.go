@@ -15,8 +15,10 @@ import (
 // directory changed (a segment created, renamed or removed: Kafka rolls,
 // deletes and truncates segments by name), or it was not settled (a
 // segment waited for something other than being the active one, a step
-// failed, a shipment's file was only found by handle, or it is
-// followed), or a retention age falls due. A settled partition costs a
+// failed, or a shipment's file was only found by handle), or a
+// retention age falls due. A followed partition settles the same way:
+// once each of its rolled segments is mapped onto the leader's upload
+// (one that waits for the leader is looked at every pass). A settled partition costs a
 // stat of its directory and of its active segment per pass, not a stat
 // and a record per segment. Every Config.RescanInterval a pass scans
 // every partition whatever it knows (the safety net for a change made

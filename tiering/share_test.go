@@ -637,3 +637,70 @@ func checkIndexOnce(t *testing.T, s store.Store, partition string, from, to int6
 		t.Fatalf("the index ends at offset %d, want %d", next, to)
 	}
 }
+
+// A follower's partition settles once every rolled segment of it is
+// mapped: an idle follower pass scans no partition, whatever the mount
+// holds. A roll unsettles it; it is scanned at every pass while its new
+// segment waits for the leader's upload, and settles again once mapped.
+func TestFollowerSettles(t *testing.T) {
+	s := store.NewMem(nil)
+	var stream [][]byte
+	var offs []int64
+	ts := time.Now().Add(-2 * time.Hour).UnixMilli()
+	var off int64
+	for i := range 60 {
+		recs := 3 + i%4
+		stream = append(stream, kafkatest.Encode(kafkatest.Batch{Base: off, Records: recs, ValueSize: 2000, TS: ts + off, Epoch: 1}))
+		offs = append(offs, off)
+		off += int64(recs)
+	}
+	b1 := newReplica(t, "1", stream, offs, 10)
+	b2 := newReplica(t, "2", stream, offs, 10)
+	t1 := shareTierer(t, b1, s, RoleLeader)
+	t2 := replicaTierer(t, b2, s, func(c *Config) { c.Role = RoleFollower; c.RescanInterval = time.Hour })
+	scans := func() int64 { return t2.Counters().PartitionScans.Load() }
+	b1.grow(t, 45)
+	b2.grow(t, 45)
+	if rep := mustPass(t, t1); rep.Shipped != 4 {
+		t.Fatalf("leader: %+v", rep)
+	}
+	if rep := mustPass(t, t2); rep.Shipped != 4 {
+		t.Fatalf("follower mapped %d segments, want 4", rep.Shipped)
+	}
+	mustPass(t, t2) // looks once more at what the mapping changed
+	before := scans()
+	for range 3 {
+		mustPass(t, t2)
+	}
+	if n := scans() - before; n != 0 {
+		t.Fatalf("idle follower passes scanned %d partitions, want none", n)
+	}
+	// Both roll at batch 50: the follower's new segment waits for the
+	// leader, and its partition is looked at until it is mapped.
+	b1.grow(t, 55)
+	b2.grow(t, 55)
+	before = scans()
+	mustPass(t, t2)
+	mustPass(t, t2)
+	if n := scans() - before; n != 2 {
+		t.Fatalf("follower passes while a segment waits scanned %d partitions, want 2", n)
+	}
+	if why := t2.LastErrors()["orders-0"].Kept; !strings.Contains(why, "not in the store yet") {
+		t.Fatalf("follower's reason: %q", why)
+	}
+	if rep := mustPass(t, t1); rep.Shipped != 1 {
+		t.Fatalf("leader: %+v", rep)
+	}
+	if rep := mustPass(t, t2); rep.Shipped != 1 {
+		t.Fatalf("follower mapped %d segments, want 1", rep.Shipped)
+	}
+	mustPass(t, t2)
+	before = scans()
+	mustPass(t, t2)
+	if n := scans() - before; n != 0 {
+		t.Fatalf("an idle follower pass scanned %d partitions, want none", n)
+	}
+	if _, remote, _ := checkReplica(t, t2, b2); remote != 5 {
+		t.Fatalf("follower: %d remote segments, want 5", remote)
+	}
+}

@@ -383,7 +383,7 @@ func (t *Tierer) RunOnce(ctx context.Context) Report {
 		go func() {
 			defer func() { <-sem; wg.Done() }()
 			r := t.shipper.shipPartition(ctx, p, cp, now)
-			t.scans.settle(p.Name, settledPassOf(r) && !unsure[p.Name] && !t.roles.follows(p.Name), t.evictor.retentionDue(p))
+			t.scans.settle(p.Name, settledPassOf(r) && !unsure[p.Name], t.evictor.retentionDue(p))
 			mu.Lock()
 			defer mu.Unlock()
 			rep.Shipped += r.Shipped

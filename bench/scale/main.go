@@ -35,6 +35,7 @@ type config struct {
 	idle                 time.Duration
 	work                 string
 	cpuProfile           string
+	followerCPUProfile   string
 	store                string
 	follower             bool
 }
@@ -48,6 +49,7 @@ func main() {
 	flag.StringVar(&c.work, "work", "", "work directory (default: a new one under /var/tmp, removed after)")
 	flag.StringVar(&c.store, "store", "dir", "the store: dir (a directory on the same disk) or s3 (versitygw on 127.0.0.1, started here)")
 	flag.StringVar(&c.cpuProfile, "cpuprofile", "", "write a CPU profile of the first mount (the one that ships) to this file")
+	flag.StringVar(&c.followerCPUProfile, "follower-cpuprofile", "", "write a CPU profile of the follower (mapping and idle) to this file")
 	flag.BoolVar(&c.follower, "follower", true, "then measure a follower over a copy of the log dir")
 	flag.Parse()
 	if err := run(c); err != nil {
@@ -232,8 +234,16 @@ func measureFollower(c config, work, fbacking, fmnt, remote string, storeEnv []s
 		return err
 	}
 	fmt.Fprintln(os.Stderr, "a follower maps its segments...")
+	env := storeEnv
+	if c.followerCPUProfile != "" {
+		p, err := filepath.Abs(c.followerCPUProfile)
+		if err != nil {
+			return err
+		}
+		env = append(append([]string(nil), storeEnv...), "TIERFS_CPUPROFILE="+p)
+	}
 	t0 := time.Now()
-	unmount, pid, err := benchutil.MountProc(c.bin, filepath.Join(work, "follower.log"), storeEnv,
+	unmount, pid, err := benchutil.MountProc(c.bin, filepath.Join(work, "follower.log"), env,
 		"--backing", fbacking, "--remote", remote, "--role", "follower", "--broker-id", "2", "--ship-after", "0s",
 		"--tier-interval", "2s", "--follow-interval", "10s", "--metrics-listen", addr, fmnt)
 	if err != nil {
