@@ -271,12 +271,25 @@ func measureFollower(c config, work, fbacking, fmnt, remote string, storeEnv []s
 	cpu1, _ := procmem.CPUSeconds(pid)
 	add(fmt.Sprintf("follower: map %d segments onto the shipped objects (mount to done)", total), fmt.Sprintf("%s (%.0f segments/s)", took.Round(time.Second), float64(total)/took.Seconds()), "", false)
 	add("follower: CPU per mapped segment", fmt.Sprintf("%.2f ms", 1000*(cpu1-cpu0)/float64(total)), "", false)
-	time.Sleep(5 * time.Second)
+	// The pass after the last mapping looks once more at every partition
+	// it changed: idle starts when a follow interval goes by with no
+	// partition scanned (at most a minute after the last mapping).
+	scans, _ := benchutil.Metric(addr, "tierfs_partition_scans_total")
+	quiet := time.Now()
+	benchutil.WaitEvery(func() bool {
+		n, _ := benchutil.Metric(addr, "tierfs_partition_scans_total")
+		if n != scans {
+			scans, quiet = n, time.Now()
+		}
+		return time.Since(quiet) > 11*time.Second
+	}, time.Minute, time.Second, "the follower's passes quiet")
 	cpu, err := idleCPU(pid, c.idle)
 	if err != nil {
 		return err
 	}
+	scansIdle, _ := benchutil.Metric(addr, "tierfs_partition_scans_total")
 	add("follower: idle CPU, --tier-interval 2s, --follow-interval 10s", fmt.Sprintf("%.2f%% of a core", 100*cpu), "≤ 2%", cpu <= 0.02)
+	add("follower: partitions looked at again while idle", fmt.Sprintf("%.0f in %s", scansIdle-scans, c.idle), "", false)
 	rss, _ := procmem.RSS(pid)
 	add("follower: RSS, idle", size(rss), "≤ 200 MiB", rss <= 200<<20)
 	return nil
