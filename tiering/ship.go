@@ -13,6 +13,7 @@ import (
 	"slices"
 	"sort"
 	"strings"
+	"sync"
 	"syscall"
 	"time"
 
@@ -415,12 +416,22 @@ func (sp *shipper) shipRest(ctx context.Context, seg Segment, st *syscall.Stat_t
 	if err := sp.t.share.takeRefs(ctx, cov.Extents, holder); err != nil {
 		return err
 	}
-	m, err := upload(ctx, seg.Path, key, from, progress)
-	if err != nil {
-		return err
-	}
-	if err := chunkxfer.Verify(ctx, sp.t.cfg.Store, m); err != nil {
-		return fmt.Errorf("remote copy does not verify: %w", err)
+	// The segment's objects go up at once: each is a request (and, on a
+	// directory store, a sync) of its own, and a small segment's cost is
+	// their latency, not its bytes. None is pointed at before all are in:
+	// the partition's index takes the segment's entries only after.
+	var m *chunkxfer.Manifest
+	puts := []func() error{
+		func() (err error) {
+			if m, err = upload(ctx, seg.Path, key, from, progress); err != nil {
+				return err
+			}
+			if err := chunkxfer.Verify(ctx, sp.t.cfg.Store, m); err != nil {
+				return fmt.Errorf("remote copy does not verify: %w", err)
+			}
+			return nil
+		},
+		func() error { return sp.putBatchList(ctx, seg, key, from, batches) },
 	}
 	if from == 0 {
 		for _, sk := range sp.sidecarKeys(seg, st)[1:] {
@@ -428,12 +439,15 @@ func (sp *shipper) shipRest(ctx context.Context, seg Segment, st *syscall.Stat_t
 				// Appeared after the shipment was catalogued: kept local only.
 				continue
 			}
-			if _, err := upload(ctx, sk.path, sk.key, 0, nil); err != nil {
-				return fmt.Errorf("ship %s: %w", filepath.Base(sk.path), err)
-			}
+			puts = append(puts, func() error {
+				if _, err := upload(ctx, sk.path, sk.key, 0, nil); err != nil {
+					return fmt.Errorf("ship %s: %w", filepath.Base(sk.path), err)
+				}
+				return nil
+			})
 		}
 	}
-	if err := sp.putBatchList(ctx, seg, key, from, batches); err != nil {
+	if err := all(puts); err != nil {
 		return err
 	}
 	var covered *coveredError
@@ -656,12 +670,37 @@ func (sp *shipper) appendIndex(ctx context.Context, seg Segment, key string, fro
 		return err
 	}
 	base := strings.TrimSuffix(key, kafka.KindLog)
+	var puts []func() error
 	for name, b := range map[string][]byte{base + ".rindex": ri.MarshalOffsets(), base + ".rtimeindex": ri.MarshalTimes()} {
-		if _, err := sp.t.cfg.Store.Put(ctx, name, bytes.NewReader(b), int64(len(b))); err != nil {
+		puts = append(puts, func() error {
+			_, err := sp.t.cfg.Store.Put(ctx, name, bytes.NewReader(b), int64(len(b)))
+			return err
+		})
+	}
+	if err := all(puts); err != nil {
+		return err
+	}
+	return sp.t.share.putIndex(ctx, seg.Partition, f)
+}
+
+// all runs fs at once and returns when every one has: nil if none
+// failed, else the first error in fs's order.
+func all(fs []func() error) error {
+	errs := make([]error, len(fs))
+	var wg sync.WaitGroup
+	for i, f := range fs[1:] {
+		wg.Go(func() { errs[i+1] = f() })
+	}
+	if len(fs) > 0 {
+		errs[0] = fs[0]()
+	}
+	wg.Wait()
+	for _, err := range errs {
+		if err != nil {
 			return err
 		}
 	}
-	return sp.t.share.putIndex(ctx, seg.Partition, f)
+	return nil
 }
 
 // objectKey names a segment's objects: <partition>/<base20>-<id><suffix>,

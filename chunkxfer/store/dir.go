@@ -238,13 +238,16 @@ func (d *Dir) put(key string, body io.ReadSeeker, size int64, cond *PutCond) (Ob
 // other way.
 func (d *Dir) putNew(key, p string, body io.ReadSeeker, size int64) (info ObjectInfo, done bool, err error) {
 	dir := filepath.Dir(p)
-	if err := os.MkdirAll(dir, 0o755); err != nil {
-		return ObjectInfo{}, true, fmt.Errorf("put %s: %w", key, err)
-	}
-	if _, err := os.Lstat(p); err == nil {
-		return ObjectInfo{}, false, nil // replaced by a rename
-	}
+	// The directory is made only when it is missing, and an object there
+	// already shows at the link: a new object in an existing directory
+	// costs no more system calls than it must.
 	fd, err := unix.Open(dir, unix.O_TMPFILE|unix.O_WRONLY|unix.O_CLOEXEC, 0o600)
+	if errors.Is(err, unix.ENOENT) {
+		if err := os.MkdirAll(dir, 0o755); err != nil {
+			return ObjectInfo{}, true, fmt.Errorf("put %s: %w", key, err)
+		}
+		fd, err = unix.Open(dir, unix.O_TMPFILE|unix.O_WRONLY|unix.O_CLOEXEC, 0o600)
+	}
 	if err != nil {
 		return ObjectInfo{}, false, nil
 	}
@@ -258,7 +261,7 @@ func (d *Dir) putNew(key, p string, body io.ReadSeeker, size int64) (info Object
 	}
 	err = unix.Linkat(unix.AT_FDCWD, "/proc/self/fd/"+strconv.Itoa(fd), unix.AT_FDCWD, p, unix.AT_SYMLINK_FOLLOW)
 	if err != nil {
-		return ObjectInfo{}, false, nil // made meanwhile, or no /proc
+		return ObjectInfo{}, false, nil // there already (replaced by a rename), or no /proc
 	}
 	if err := syncPath(dir); err != nil {
 		return ObjectInfo{}, true, err
