@@ -157,6 +157,39 @@ func (sp *shipper) shipPartition(ctx context.Context, p Partition, cp Checkpoint
 	rep := Report{Waiting: map[string]int{}}
 	blocked := ""
 	synced := false
+	// note counts how a segment's shipment ended: true if it shipped.
+	note := func(partition string, seg Segment, err error) bool {
+		var wait *WaitError
+		switch {
+		case errors.As(err, &wait):
+			rep.Waiting[reasonKind(wait.Why)]++
+			sp.t.status.noteKept(partition, seg, wait.Why)
+			if !sp.t.roles.follows(partition) {
+				// The index takes a leader's entries in order; a
+				// follower maps each segment on its own.
+				blocked = "an earlier segment waits"
+			}
+			return false
+		case err != nil:
+			rep.Errors = append(rep.Errors, sp.t.status.noteErr(partition, fmt.Errorf("ship %s: %w", seg.Path, err)))
+			blocked = "an earlier segment failed"
+			return false
+		}
+		return true
+	}
+	// The segments uploaded and not yet in the partition's index, in
+	// offset order, and their bytes.
+	var batch []*shipCommit
+	var batched int64
+	commit := func() {
+		errs := sp.commitAll(ctx, p.Name, batch)
+		for i, c := range batch {
+			if note(p.Name, c.seg, errs[i]) {
+				rep.Shipped++
+			}
+		}
+		batch, batched = nil, 0
+	}
 	sp.t.status.noteKept(p.Name, Segment{}, "")
 	sp.t.roles.checkEpoch(p.Name)
 	for _, seg := range p.Segments {
@@ -226,26 +259,29 @@ func (sp *shipper) shipPartition(ctx context.Context, p Partition, cp Checkpoint
 			}
 			synced = true
 		}
-		var wait *WaitError
-		switch err := sp.ship(ctx, seg, nil, false); {
-		case errors.As(err, &wait):
-			rep.Waiting[reasonKind(wait.Why)]++
-			sp.t.status.noteKept(p.Name, seg, wait.Why)
-			if !sp.t.roles.follows(p.Name) {
-				// The index takes a leader's entries in order; a
-				// follower maps each segment on its own.
-				blocked = "an earlier segment waits"
+		c, err := sp.prepare(ctx, seg, nil, false)
+		if c != nil {
+			batch = append(batch, c)
+			if batched += c.st.Size - c.from; len(batch) == maxBatch || batched >= maxBatchBytes {
+				commit()
 			}
 			continue
-		case err != nil:
-			rep.Errors = append(rep.Errors, sp.t.status.noteErr(p.Name, fmt.Errorf("ship %s: %w", seg.Path, err)))
-			blocked = "an earlier segment failed"
-			continue
 		}
-		rep.Shipped++
+		if note(p.Name, seg, err) {
+			rep.Shipped++
+		}
 	}
+	commit()
 	return rep
 }
+
+// A pass commits the segments of a partition it uploaded together: one
+// put of the partition's index for up to maxBatch segments or
+// maxBatchBytes of them, not one a segment.
+const (
+	maxBatch      = 64
+	maxBatchBytes = 256 << 20
+)
 
 // Ship puts a segment in the store. Where the store already holds its
 // bytes, shipped by another broker (the same batches: Kafka replicas
@@ -262,36 +298,72 @@ func (sp *shipper) Ship(ctx context.Context, seg Segment, progress chunkxfer.Pro
 // ship is Ship; sync false skips reading the store's index (the pass
 // read it for the partition already).
 func (sp *shipper) ship(ctx context.Context, seg Segment, progress chunkxfer.Progress, sync bool) error {
-	if !sp.t.claims.take(pathClaim(seg.Path)) {
-		return nil
+	c, err := sp.prepare(ctx, seg, progress, sync)
+	if c == nil {
+		return err
 	}
-	defer sp.t.claims.release(pathClaim(seg.Path))
+	return sp.commitAll(ctx, seg.Partition, []*shipCommit{c})[0]
+}
+
+// shipCommit is a segment whose objects are all in the store (uploaded
+// and verified) and that the partition's index does not point at yet:
+// what commitAll needs to append its entries and mark it shipped. It
+// holds the segment's claims until release.
+type shipCommit struct {
+	seg           Segment
+	st            syscall.Stat_t
+	cov           coverage
+	key           string
+	from, objBase int64
+	keyAt         func(int64) string
+	m             *chunkxfer.Manifest
+	sh            Shipment
+	release       func()
+}
+
+// prepare does all of a segment's shipment but its commit: the segment
+// is mapped onto the store's copy, or waits, or fails (a nil
+// *shipCommit and the outcome), or its objects are uploaded and a
+// *shipCommit says what is left.
+func (sp *shipper) prepare(ctx context.Context, seg Segment, progress chunkxfer.Progress, sync bool) (c *shipCommit, err error) {
+	var undo []func()
+	defer func() {
+		if c == nil {
+			for i := len(undo) - 1; i >= 0; i-- {
+				undo[i]()
+			}
+		}
+	}()
+	if !sp.t.claims.take(pathClaim(seg.Path)) {
+		return nil, nil
+	}
+	undo = append(undo, func() { sp.t.claims.release(pathClaim(seg.Path)) })
 	var st syscall.Stat_t
 	if err := syscall.Stat(seg.Path, &st); err != nil {
-		return err
+		return nil, err
 	}
 	key := sp.objectKey(seg, &st, ".log")
 	if !sp.t.claims.take(objectClaim(key)) {
-		return nil
+		return nil, nil
 	}
-	defer sp.t.claims.release(objectClaim(key))
+	undo = append(undo, func() { sp.t.claims.release(objectClaim(key)) })
 	doneShipping := sp.t.claims.startShipping(st.Ino)
 	sp.t.changed(st.Ino)
-	defer func() {
+	undo = append(undo, func() {
 		doneShipping()
 		sp.t.changed(st.Ino)
-	}()
+	})
 	if sync {
 		unlock := sp.t.indexes.lock(seg.Partition)
 		_, err := sp.t.share.syncIndex(ctx, seg.Partition)
 		unlock()
 		if err != nil {
-			return err
+			return nil, err
 		}
 	}
 	f, err := sp.t.indexes.file(seg.Partition)
 	if err != nil {
-		return err
+		return nil, err
 	}
 	keyAt := func(base int64) string {
 		s := seg
@@ -300,27 +372,36 @@ func (sp *shipper) ship(ctx context.Context, seg Segment, progress chunkxfer.Pro
 	}
 	role := sp.t.roles.of(seg.Partition)
 	if role.Role == RoleFollower && !sp.maybeCovered(seg, f) {
-		return &WaitError{Why: "not in the store yet (a follower ships nothing; the leader has not shipped these offsets): " + role.Why}
+		return nil, &WaitError{Why: "not in the store yet (a follower ships nothing; the leader has not shipped these offsets): " + role.Why}
 	}
 	cov, batches, err := sp.cover(ctx, seg, f, keyAt)
 	if err != nil {
-		return err
+		return nil, err
 	}
 	switch {
 	case cov.Next < 0 && len(cov.Extents) > 0:
-		return sp.mapOnto(ctx, seg, &st, key, cov)
+		return nil, sp.mapOnto(ctx, seg, &st, key, cov)
 	case cov.Why != "":
-		return &WaitError{Why: cov.Why}
+		return nil, &WaitError{Why: cov.Why}
 	case role.Role == RoleFollower:
-		return &WaitError{Why: fmt.Sprintf("offsets from %d are not in the store yet (a follower ships nothing): %s", cov.Next, role.Why)}
+		return nil, &WaitError{Why: fmt.Sprintf("offsets from %d are not in the store yet (a follower ships nothing): %s", cov.Next, role.Why)}
 	case role.Role == RoleAuto && cov.OwnKey == "" && sp.t.share.loadStoreState(seg.Partition).Shared:
 		// No leadership to go by, and other brokers ship this
 		// partition too: give the leader's upload time to land.
 		if wait := sp.t.cfg.Policy.ShipAfter + graceFor(sp.t.cfg.ShareGrace, sp.t.BrokerID()) - sp.t.cfg.Now().Sub(seg.Mtime); wait > 0 {
-			return &WaitError{Why: fmt.Sprintf("other brokers ship this partition too: waiting %v more for their upload of offsets from %d (no --kafka-bootstrap to tell the leader)", wait.Round(time.Second), cov.Next)}
+			return nil, &WaitError{Why: fmt.Sprintf("other brokers ship this partition too: waiting %v more for their upload of offsets from %d (no --kafka-bootstrap to tell the leader)", wait.Round(time.Second), cov.Next)}
 		}
 	}
-	return sp.shipRest(ctx, seg, &st, cov, batches, keyAt, progress)
+	c = &shipCommit{seg: seg, st: st, cov: cov, keyAt: keyAt}
+	if err := sp.uploadRest(ctx, c, batches, progress, &undo); err != nil {
+		return nil, err
+	}
+	c.release = func() {
+		for i := len(undo) - 1; i >= 0; i-- {
+			undo[i]()
+		}
+	}
+	return c, nil
 }
 
 // maybeCovered says whether the index reaches the segment's last offset
@@ -387,26 +468,30 @@ func (sp *shipper) mapOnto(ctx context.Context, seg Segment, st *syscall.Stat_t,
 	return nil
 }
 
-// shipRest uploads a segment from where its coverage ends (from its
-// start when nothing of it is in the store), with its batch list, its
-// index files (whole segments only) and its index entries.
-func (sp *shipper) shipRest(ctx context.Context, seg Segment, st *syscall.Stat_t, cov coverage, batches []idx.BatchRef, keyAt func(int64) string, progress chunkxfer.Progress) error {
-	from, objBase := cov.End, seg.Base
-	if from > 0 {
-		objBase = cov.Next
+// uploadRest uploads a segment from where its coverage ends (from its
+// start when nothing of it is in the store), with its batch list and its
+// index files (whole segments only), and fills in c. A claim it takes
+// goes on undo.
+func (sp *shipper) uploadRest(ctx context.Context, c *shipCommit, batches []idx.BatchRef, progress chunkxfer.Progress, undo *[]func()) error {
+	seg, st, cov := c.seg, &c.st, c.cov
+	c.from, c.objBase = cov.End, seg.Base
+	if c.from > 0 {
+		c.objBase = cov.Next
 	}
-	key := keyAt(objBase)
-	if from > 0 && !sp.t.claims.take(objectClaim(key)) {
-		return nil
-	}
+	c.key = c.keyAt(c.objBase)
+	key, from := c.key, c.from
 	if from > 0 {
-		defer sp.t.claims.release(objectClaim(key))
+		if !sp.t.claims.take(objectClaim(key)) {
+			return &WaitError{Why: "its tail is being shipped already"}
+		}
+		*undo = append(*undo, func() { sp.t.claims.release(objectClaim(key)) })
 	}
 	holder := holderOf(key)
 	sh, fresh, err := sp.startShipment(seg, st, key, from, refsOf(extentKeys(cov.Extents), holder))
 	if err != nil {
 		return err
 	}
+	c.sh = sh
 	// A shipment catalogued just now has put nothing in the store yet:
 	// there is no finished upload of its objects to look for.
 	upload := sp.t.up.UploadFrom
@@ -420,13 +505,12 @@ func (sp *shipper) shipRest(ctx context.Context, seg Segment, st *syscall.Stat_t
 	// directory store, a sync) of its own, and a small segment's cost is
 	// their latency, not its bytes. None is pointed at before all are in:
 	// the partition's index takes the segment's entries only after.
-	var m *chunkxfer.Manifest
 	puts := []func() error{
 		func() (err error) {
-			if m, err = upload(ctx, seg.Path, key, from, progress); err != nil {
+			if c.m, err = upload(ctx, seg.Path, key, from, progress); err != nil {
 				return err
 			}
-			if err := chunkxfer.Verify(ctx, sp.t.cfg.Store, m); err != nil {
+			if err := chunkxfer.Verify(ctx, sp.t.cfg.Store, c.m); err != nil {
 				return fmt.Errorf("remote copy does not verify: %w", err)
 			}
 			return nil
@@ -447,34 +531,149 @@ func (sp *shipper) shipRest(ctx context.Context, seg Segment, st *syscall.Stat_t
 			})
 		}
 	}
-	if err := all(puts); err != nil {
-		return err
+	return all(puts)
+}
+
+// commitAll appends the entries of uploaded segments cs (of one
+// partition, in offset order) to the partition's index and ships it
+// once for all of them, then marks each shipped; it releases their
+// claims. Where another broker changed the store's index meanwhile, each
+// is appended again on its own (index), in order, and the first that
+// cannot be leaves the rest for the next pass. It returns each one's
+// outcome.
+func (sp *shipper) commitAll(ctx context.Context, partition string, cs []*shipCommit) []error {
+	errs := make([]error, len(cs))
+	if len(cs) == 0 {
+		return errs
 	}
+	defer func() {
+		for _, c := range cs {
+			c.release()
+		}
+	}()
+	unlock := sp.t.indexes.lock(partition)
+	n, appendErr := sp.appendAll(ctx, partition, cs)
+	var putErr error
+	if n > 0 {
+		f, err := sp.t.indexes.file(partition)
+		if err == nil {
+			err = sp.t.share.putIndex(ctx, partition, f)
+		}
+		putErr = err
+	}
+	unlock()
+	if errors.Is(putErr, ErrIndexMoved) {
+		// putIndex took the store's index: each is decided again
+		// against what it holds now.
+		sp.t.counters.IndexRaces.Add(1)
+		sp.t.cfg.Log.Info("another broker changed the partition's index first: appending again", "partition", partition, "segments", n)
+		for i, c := range cs {
+			if errs[i] = sp.finish(ctx, c, sp.index(ctx, c, true)); errs[i] != nil {
+				for j := i + 1; j < len(cs); j++ {
+					errs[j] = &WaitError{Why: "an earlier segment was not committed"}
+				}
+				break
+			}
+		}
+		return errs
+	}
+	for i, c := range cs {
+		switch {
+		case i < n && putErr != nil:
+			errs[i] = putErr
+		case i < n:
+			errs[i] = sp.finish(ctx, c, nil)
+		case i == n:
+			errs[i] = appendErr
+		default:
+			errs[i] = &WaitError{Why: "an earlier segment was not committed"}
+		}
+	}
+	return errs
+}
+
+// appendAll appends the entries of each of cs to the partition's index
+// file, and puts the remote indexes of each, at most putsAtOnce at a
+// time: it returns how many of cs, from the first, were done, and the
+// failure of the next. Call it with the partition locked.
+func (sp *shipper) appendAll(ctx context.Context, partition string, cs []*shipCommit) (int, error) {
+	var groups [][]func() error
+	var appendErr error
+	for _, c := range cs {
+		puts, err := sp.appendLocal(ctx, c.seg, c.key, c.from, c.from, c.objBase)
+		if err != nil {
+			appendErr = err
+			break
+		}
+		groups = append(groups, puts)
+	}
+	for i, err := range allGroups(groups, putsAtOnce) {
+		if err != nil {
+			return i, err
+		}
+	}
+	return len(groups), appendErr
+}
+
+// putsAtOnce bounds the remote-index puts of a commit that run at once.
+const putsAtOnce = 16
+
+// allGroups runs every function of groups, at most limit at once, and
+// returns each group's first error.
+func allGroups(groups [][]func() error, limit int) []error {
+	errs := make([]error, len(groups))
+	var mu sync.Mutex
+	var wg sync.WaitGroup
+	sem := make(chan struct{}, limit)
+	for i, g := range groups {
+		for _, f := range g {
+			sem <- struct{}{}
+			wg.Go(func() {
+				defer func() { <-sem }()
+				if err := f(); err != nil {
+					mu.Lock()
+					if errs[i] == nil {
+						errs[i] = err
+					}
+					mu.Unlock()
+				}
+			})
+		}
+	}
+	wg.Wait()
+	return errs
+}
+
+// finish marks a committed segment shipped: its manifest kept, its
+// record written (the file must still be what was uploaded) and its
+// shipment done. indexed is how its index append ended.
+func (sp *shipper) finish(ctx context.Context, c *shipCommit, indexed error) error {
+	seg, st, key, from := c.seg, &c.st, c.key, c.from
 	var covered *coveredError
-	switch err := sp.index(ctx, seg, key, from, objBase, keyAt); {
-	case errors.As(err, &covered):
+	switch {
+	case errors.As(indexed, &covered):
 		// Mapped instead; what this mount uploaded goes again.
 		sp.t.counters.WastedSegments.Add(1)
 		sp.t.counters.WastedBytes.Add(st.Size - from)
 		sp.t.cfg.Log.Info("another broker shipped the same offsets first: mapping onto its copy and deleting this upload", "segment", seg.Path, "key", key, "bytes", st.Size-from)
 		return sp.mapOnto(ctx, seg, st, key, covered.cov)
-	case err != nil:
+	case indexed != nil:
+		return indexed
+	}
+	if err := sp.t.manifests.put(c.m); err != nil {
 		return err
 	}
-	if err := sp.t.manifests.put(m); err != nil {
-		return err
-	}
-	// The file must still be what was uploaded.
 	if err := sameFile(seg.Path, st); err != nil {
 		return err
 	}
-	rec := Record{State: StateShipped, Key: key, ETag: m.ETag, Size: st.Size, MtimeNs: st.Mtim.Nano(), Ino: st.Ino}
+	rec := Record{State: StateShipped, Key: key, ETag: c.m.ETag, Size: st.Size, MtimeNs: st.Mtim.Nano(), Ino: st.Ino}
 	if from > 0 {
-		rec.Extents = append(slices.Clone(cov.Extents), Extent{Pos: from, Len: st.Size - from, Key: key, ETag: m.ETag})
+		rec.Extents = append(slices.Clone(c.cov.Extents), Extent{Pos: from, Len: st.Size - from, Key: key, ETag: c.m.ETag})
 	}
 	if err := writeRecord(seg.Path, rec); err != nil {
 		return err
 	}
+	sh := c.sh
 	sh.State, sh.Since = ShipmentShipped, sp.t.cfg.Now()
 	if err := sp.t.shipments.put(sh); err != nil {
 		return err
@@ -575,23 +774,53 @@ func (sp *shipper) sidecarKeys(seg Segment, st *syscall.Stat_t) []sidecarKey {
 	return out
 }
 
-// index appends the entries of object key (the segment's bytes from
-// position from, whose first batch has offset objBase) to the
-// partition's index file (once), and ships the index file, on the
-// condition that no other broker changed it meanwhile, and the object's
-// remote indexes. Losing that race to another broker costs a retry of
-// the append, never an upload: the store's index is taken, and what it
+// index appends the entries of c's object (the segment's bytes from
+// position c.from, whose first batch has offset c.objBase) to the
+// partition's index file (once), puts the object's remote indexes, and
+// ships the index file, on the condition that no other broker changed
+// it meanwhile. Losing that race to another broker costs a retry of the
+// append, never an upload: the store's index is taken, and what it
 // still lacks of this object's offsets is appended again (entries that
 // point into the object past what the other broker shipped). Where the
 // other broker's upload holds every offset of the segment, the segment
 // is mapped onto it instead (*coveredError); after maxIndexTries lost
-// races it waits for the next pass (*WaitError).
-func (sp *shipper) index(ctx context.Context, seg Segment, key string, from, objBase int64, keyAt func(int64) string) error {
+// races it waits for the next pass (*WaitError). raced says a race was
+// lost already: the store's index is what the local file holds now.
+func (sp *shipper) index(ctx context.Context, c *shipCommit, raced bool) error {
+	seg, key, from, objBase := c.seg, c.key, c.from, c.objBase
 	unlock := sp.t.indexes.lock(seg.Partition)
 	defer unlock()
 	at := from // where the object's entries start in the file
 	for try := 1; ; try++ {
-		err := sp.appendIndex(ctx, seg, key, from, at, objBase)
+		if raced {
+			// What does the store's index hold of this segment now?
+			f, err := sp.t.indexes.file(seg.Partition)
+			if err != nil {
+				return err
+			}
+			cov, _, err := sp.cover(ctx, seg, f, c.keyAt)
+			switch {
+			case err != nil:
+				return err
+			case cov.Next < 0 && len(cov.Extents) > 0:
+				return &coveredError{cov: cov}
+			case cov.Why != "" || cov.End < at:
+				return &WaitError{Why: fmt.Sprintf("another broker changed the partition's index while this segment shipped (%s): decided again next pass", cmp.Or(cov.Why, "it holds fewer of its offsets than before"))}
+			case cov.End > at:
+				at, objBase = cov.End, cov.Next
+			}
+		}
+		puts, err := sp.appendLocal(ctx, seg, key, from, at, objBase)
+		if err == nil {
+			err = all(puts)
+		}
+		if err == nil {
+			f, ferr := sp.t.indexes.file(seg.Partition)
+			if ferr != nil {
+				return ferr
+			}
+			err = sp.t.share.putIndex(ctx, seg.Partition, f)
+		}
 		if err == nil {
 			sp.t.counters.OverlapBytes.Add(at - from)
 		}
@@ -603,32 +832,19 @@ func (sp *shipper) index(ctx context.Context, seg Segment, key string, from, obj
 		if try == maxIndexTries {
 			return &WaitError{Why: fmt.Sprintf("lost the race to the store's index %d times (other brokers ship this partition too): appended again next pass", try)}
 		}
-		// putIndex took the store's index: what does it hold now?
-		f, err := sp.t.indexes.file(seg.Partition)
-		if err != nil {
-			return err
-		}
-		cov, _, err := sp.cover(ctx, seg, f, keyAt)
-		switch {
-		case err != nil:
-			return err
-		case cov.Next < 0 && len(cov.Extents) > 0:
-			return &coveredError{cov: cov}
-		case cov.Why != "" || cov.End < at:
-			return &WaitError{Why: fmt.Sprintf("another broker changed the partition's index while this segment shipped (%s): decided again next pass", cmp.Or(cov.Why, "it holds fewer of its offsets than before"))}
-		case cov.End > at:
-			at, objBase = cov.End, cov.Next
-		}
+		raced = true
 	}
 }
 
-// appendIndex is one try of index: the entries of object key from file
-// position at on (the object starts at from), with offsets from objBase.
-// Call it with the partition locked.
-func (sp *shipper) appendIndex(ctx context.Context, seg Segment, key string, from, at, objBase int64) error {
+// appendLocal is one try of index but its puts: the entries of object
+// key from file position at on (the object starts at from), with
+// offsets from objBase, appended to the partition's index file unless
+// there already. It returns the puts of the object's remote indexes,
+// for the caller to run. Call it with the partition locked.
+func (sp *shipper) appendLocal(ctx context.Context, seg Segment, key string, from, at, objBase int64) ([]func() error, error) {
 	f, err := sp.t.indexes.file(seg.Partition)
 	if err != nil {
-		return err
+		return nil, err
 	}
 	next := nextOrMax(seg.Next)
 	var have bool
@@ -644,12 +860,12 @@ func (sp *shipper) appendIndex(ctx context.Context, seg Segment, key string, fro
 	if !have {
 		lf, err := os.Open(seg.Path)
 		if err != nil {
-			return err
+			return nil, err
 		}
 		c, err := idx.ChunkSegment(seg.Path, io.NewSectionReader(lf, at, seg.Size-at), seg.Size-at, objBase, idx.ChunkOptions{})
 		lf.Close()
 		if err != nil {
-			return err
+			return nil, err
 		}
 		if c.Opaque {
 			sp.t.cfg.Log.Warn("segment is not well-formed record batches; indexed as opaque chunks", "segment", seg.Path, "why", c.Reason)
@@ -661,13 +877,13 @@ func (sp *shipper) appendIndex(ctx context.Context, seg Segment, key string, fro
 			es = append(es, e)
 		}
 		if err := f.Append(es...); err != nil {
-			return err
+			return nil, err
 		}
 	}
 	var ri idx.RemoteIndexes
 	f.View(func(x *idx.Index) { ri, err = x.BuildRemoteIndexes(objBase, next) })
 	if err != nil {
-		return err
+		return nil, err
 	}
 	base := strings.TrimSuffix(key, kafka.KindLog)
 	var puts []func() error
@@ -677,10 +893,7 @@ func (sp *shipper) appendIndex(ctx context.Context, seg Segment, key string, fro
 			return err
 		})
 	}
-	if err := all(puts); err != nil {
-		return err
-	}
-	return sp.t.share.putIndex(ctx, seg.Partition, f)
+	return puts, nil
 }
 
 // all runs fs at once and returns when every one has: nil if none

@@ -8,6 +8,7 @@ import (
 	"math"
 	"os"
 	"path/filepath"
+	"sort"
 	"strings"
 	"syscall"
 	"testing"
@@ -15,6 +16,7 @@ import (
 
 	"github.com/tierfs/tierfs/chunkxfer/store"
 	"github.com/tierfs/tierfs/idx"
+	"github.com/tierfs/tierfs/idx/kafka"
 	"github.com/tierfs/tierfs/idx/kafka/kafkatest"
 )
 
@@ -369,8 +371,9 @@ func TestShipRequestsPerSegment(t *testing.T) {
 	for _, sh := range ships {
 		objects += len(ownObjects(sh))
 	}
-	// Each object once, and the partition's index once per segment.
-	if puts := s.Calls(store.OpPut); puts != objects+rep.Shipped {
+	// Each object once, and the partition's index once for the pass's
+	// segments (a commit of them all).
+	if puts := s.Calls(store.OpPut); puts != objects+1 {
 		t.Errorf("%d puts for %d objects of %d segments", puts, objects, rep.Shipped)
 	}
 	if gets := s.Calls(store.OpGet); gets != rep.Shipped {
@@ -382,4 +385,79 @@ func TestShipRequestsPerSegment(t *testing.T) {
 	if heads := s.Calls(store.OpHead); heads > 1 {
 		t.Errorf("%d heads, want at most one (the partition's index, once a pass)", heads)
 	}
+}
+
+// TestShipBatchCommit: a pass commits the segments it uploaded in one
+// put of the partition's index. When that put loses a race, each
+// segment is decided again and appended on its own; when it fails, none
+// is marked shipped, and the next pass commits them without uploading
+// anything again. Either way the store's index holds each offset once.
+func TestShipBatchCommit(t *testing.T) {
+	for _, tc := range []struct {
+		name   string
+		err    error
+		passes int // until all are shipped
+	}{
+		{"race", store.ErrPrecondition, 1},
+		{"failure", errors.New("injected"), 2},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			root := filepath.Join(t.TempDir(), "kafka-logs")
+			if _, err := (kafkatest.LogDir{Topic: "s", Partitions: 1, Segments: 11, Batches: 1, Records: 8, ValueSize: 450, Age: time.Hour}).Write(root); err != nil {
+				t.Fatal(err)
+			}
+			s := store.NewMem(nil)
+			tr := newTierer(t, root, s, 1<<40)
+			tr.cfg.Policy.ShipAfter = 0
+			s.Inject(store.Fault{Op: store.OpPut, KeyPrefix: "s-0/" + idx.FileName, Times: 1, Err: tc.err})
+			rep := tr.RunOnce(context.Background())
+			if tc.passes == 1 {
+				if len(rep.Errors) > 0 || rep.Shipped != 10 {
+					t.Fatalf("pass: %+v", rep)
+				}
+				if n := tr.Counters().IndexRaces.Load(); n != 1 {
+					t.Errorf("%d races counted, want 1", n)
+				}
+			} else {
+				if len(rep.Errors) == 0 || rep.Shipped != 0 {
+					t.Fatalf("a failed commit: %+v", rep)
+				}
+				for _, seg := range scanSegments(t, root) {
+					if r, ok, _ := readRecord(seg); ok && r.State == StateShipped {
+						t.Fatalf("%s is marked shipped though the index was not put", seg)
+					}
+				}
+				logPuts := s.Calls(store.OpPut)
+				rep = tr.RunOnce(context.Background())
+				if len(rep.Errors) > 0 || rep.Shipped != 10 {
+					t.Fatalf("the next pass: %+v", rep)
+				}
+				// The index, and each segment's batch list (put again,
+				// not looked for) and two remote indexes: no file's
+				// bytes again.
+				if puts := s.Calls(store.OpPut) - logPuts; puts != 1+3*10 {
+					t.Errorf("the next pass made %d puts, want 31 (no file uploaded again)", puts)
+				}
+			}
+			segs := scanSegments(t, root)
+			for _, seg := range segs[:len(segs)-1] {
+				if r, ok, err := readRecord(seg); !ok || err != nil || r.State != StateShipped {
+					t.Fatalf("%s: %+v %v %v", seg, r, ok, err)
+				}
+			}
+			last, _ := kafka.ParseSegmentName(filepath.Base(segs[len(segs)-1]))
+			checkIndexOnce(t, s, "s-0", 0, last.BaseOffset)
+		})
+	}
+}
+
+// scanSegments are the .log files under root, in offset order.
+func scanSegments(t *testing.T, root string) []string {
+	t.Helper()
+	ps, err := filepath.Glob(filepath.Join(root, "*", "*.log"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	sort.Strings(ps)
+	return ps
 }
