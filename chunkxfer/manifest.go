@@ -99,6 +99,11 @@ const manifestVersion = 1
 // ManifestKey is where an object's manifest is stored.
 func ManifestKey(key string) string { return key + ".tierfs-manifest" }
 
+// NoObject says the manifest is the whole of what is stored: an empty
+// file (no ETag) has no object. Manifests of versions before 2026-12
+// name an empty object, with its ETag.
+func (m *Manifest) NoObject() bool { return m.Size == 0 && m.ETag == "" }
+
 // Chunks is the number of chunks.
 func (m *Manifest) Chunks() int { return len(m.CRC32C) }
 
@@ -175,6 +180,9 @@ func LoadManifest(ctx context.Context, s store.Store, key string) (*Manifest, er
 	}
 	if err := m.check(); err != nil {
 		return nil, err
+	}
+	if m.NoObject() {
+		return &m, nil
 	}
 	info, err := s.Head(ctx, key)
 	if err != nil {

@@ -662,14 +662,11 @@ func (u *Uploader) manifest(key, etag string, size, chunkSize int64, crcs []uint
 		Whole: compositeChecksum(crcs), Source: src, From: from, Stored: time.Now().UTC(), Broker: u.broker()}
 }
 
-// putEmpty stores an empty file: no parts (S3 wants at least one, of
-// which an empty one is not accepted everywhere), no chunks.
+// putEmpty stores an empty file as its manifest alone: no object (a
+// request saved, and S3 wants at least one part, of which an empty one
+// is not accepted everywhere), no chunks, no ETag.
 func (u *Uploader) putEmpty(ctx context.Context, key string, src Source, from int64) (*Manifest, error) {
-	info, err := u.Store.Put(ctx, key, bytes.NewReader(nil), 0)
-	if err != nil {
-		return nil, err
-	}
-	m := u.manifest(key, info.ETag, 0, u.chunkSize(), nil, src, from)
+	m := u.manifest(key, "", 0, u.chunkSize(), nil, src, from)
 	return m, putManifest(ctx, u.Store, m)
 }
 

@@ -126,6 +126,9 @@ func TestRoundTrip(t *testing.T) {
 				if err := Verify(ctx, b.s, m); err != nil {
 					t.Fatal(err)
 				}
+				if _, err := b.s.Head(ctx, key); size == 0 && !errors.Is(err, store.ErrNotFound) {
+					t.Fatalf("an empty file was stored as an object, not as its manifest alone: %v", err)
+				}
 				dl := &Downloader{Store: b.s, JournalDir: filepath.Join(dir, "journal"), Parallel: 3}
 				dest := filepath.Join(dir, fmt.Sprintf("back%d", i))
 				if _, err := dl.Download(ctx, key, dest); err != nil {
@@ -180,8 +183,12 @@ func TestUploadFrom(t *testing.T) {
 				if m.From != from || m.Size != int64(len(want))-from {
 					t.Fatalf("manifest from %d: %+v", from, m)
 				}
-				got, err := store.ReadAll(b.s.Get(ctx, key, 0, -1, store.GetOptions{}))
-				if err != nil || !bytes.Equal(got, want[from:]) {
+				if from == int64(len(want)) {
+					// An empty tail is its manifest alone.
+					if _, err := b.s.Head(ctx, key); !m.NoObject() || !errors.Is(err, store.ErrNotFound) {
+						t.Fatalf("empty tail: manifest %+v, object %v", m, err)
+					}
+				} else if got, err := store.ReadAll(b.s.Get(ctx, key, 0, -1, store.GetOptions{})); err != nil || !bytes.Equal(got, want[from:]) {
 					t.Fatalf("object from %d: %d bytes, %v", from, len(got), err)
 				}
 				if err := Verify(ctx, b.s, m); err != nil {
@@ -741,5 +748,31 @@ func TestUploadNewLooksForNothing(t *testing.T) {
 	puts := m.Calls(store.OpPut)
 	if again, err := up.UploadFrom(ctx, path, "k", 0, nil); err != nil || again.ETag != man.ETag || m.Calls(store.OpPut) != puts {
 		t.Fatalf("UploadFrom after UploadNew: %v, %d more puts", err, m.Calls(store.OpPut)-puts)
+	}
+}
+
+// TestEmptyObjectOfAnOlderVersion: a store written before empty files
+// were stored as their manifest alone holds an empty object and a
+// manifest with its ETag; it still loads, checked against that object.
+func TestEmptyObjectOfAnOlderVersion(t *testing.T) {
+	ctx := context.Background()
+	s := store.NewMem(nil)
+	info, err := s.Put(ctx, "p/empty", bytes.NewReader(nil), 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	up := &Uploader{Store: s, ChunkSize: 64 << 10}
+	if err := putManifest(ctx, s, up.manifest("p/empty", info.ETag, 0, 64<<10, nil, Source{}, 0)); err != nil {
+		t.Fatal(err)
+	}
+	m, err := LoadManifest(ctx, s, "p/empty")
+	if err != nil || m.NoObject() || m.ETag != info.ETag {
+		t.Fatalf("%+v %v", m, err)
+	}
+	if err := s.Delete(ctx, "p/empty"); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := LoadManifest(ctx, s, "p/empty"); !errors.Is(err, store.ErrNotFound) {
+		t.Fatalf("its object gone, the manifest loads: %v", err)
 	}
 }

@@ -222,7 +222,14 @@ func (hy *hydrator) restoreIndexes(ctx context.Context, path string, rec Record)
 		if _, err := os.Lstat(p); err == nil {
 			continue
 		}
-		b, err := store.ReadAll(hy.t.cfg.Store.Get(ctx, strings.TrimSuffix(rec.Key, kafka.KindLog)+kind, 0, -1, store.GetOptions{}))
+		key := strings.TrimSuffix(rec.Key, kafka.KindLog) + kind
+		b, err := store.ReadAll(hy.t.cfg.Store.Get(ctx, key, 0, -1, store.GetOptions{}))
+		if errors.Is(err, store.ErrNotFound) {
+			// An empty one is its manifest alone.
+			if m, merr := chunkxfer.LoadManifest(ctx, hy.t.cfg.Store, key); merr == nil && m.NoObject() {
+				b, err = nil, nil
+			}
+		}
 		if errors.Is(err, store.ErrNotFound) {
 			if built == nil {
 				f, err := os.Open(path)

@@ -10,6 +10,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/tierfs/tierfs/chunkxfer"
 	"github.com/tierfs/tierfs/chunkxfer/store"
 	"github.com/tierfs/tierfs/idx/kafka"
 	"github.com/tierfs/tierfs/internal/tiered"
@@ -138,5 +139,43 @@ func TestHydrate(t *testing.T) {
 	}
 	if sha(readAll(t, tr, p)) != sums[p] {
 		t.Fatal("remote bytes wrong after recovery")
+	}
+}
+
+// TestHydrateEmptyIndex: an empty index file is shipped as its manifest
+// alone (no object), and a hydration brings it back empty, as shipped,
+// not rebuilt from the segment.
+func TestHydrateEmptyIndex(t *testing.T) {
+	root, bases, _ := logDir(t)
+	rel := "orders-0/" + kafkaName(bases["orders-0"][1], ".log")
+	p := filepath.Join(root, rel)
+	ixPath := strings.TrimSuffix(p, ".log") + ".index"
+	if err := os.Truncate(ixPath, 0); err != nil {
+		t.Fatal(err)
+	}
+	s := store.NewMem(nil)
+	tr, err := New(Config{Root: root, StateDir: filepath.Join(root, ".tierfs"), Store: s, Policy: Policy{ShipAfter: 1000 * time.Hour}, ChunkSize: 64 << 10})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer tr.Close()
+	ctx := context.Background()
+	if st, err := tr.EvictNow(ctx, rel, nil); err != nil || st != StateRemote {
+		t.Fatalf("evict: %s %v", st, err)
+	}
+	rec, _, _ := readRecord(p)
+	key := strings.TrimSuffix(rec.Key, ".log") + ".index"
+	if _, err := s.Head(ctx, key); !errors.Is(err, store.ErrNotFound) {
+		t.Fatalf("an empty index was stored as an object: %v", err)
+	}
+	if m, err := chunkxfer.LoadManifest(ctx, s, key); err != nil || !m.NoObject() {
+		t.Fatalf("its manifest: %+v %v", m, err)
+	}
+	os.Remove(ixPath)
+	if st, err := tr.HydrateNow(ctx, rel, nil); err != nil || st != StateShipped {
+		t.Fatalf("hydrate: %s %v", st, err)
+	}
+	if b, err := os.ReadFile(ixPath); err != nil || len(b) != 0 {
+		t.Fatalf("the .index came back with %d bytes (%v), want the empty one shipped", len(b), err)
 	}
 }

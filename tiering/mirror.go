@@ -10,6 +10,7 @@ import (
 	"regexp"
 	"sort"
 	"strconv"
+	"strings"
 	"syscall"
 	"time"
 
@@ -152,6 +153,15 @@ func wantedFiles(objs []store.ObjectInfo) map[string]store.ObjectInfo {
 	for _, o := range objs {
 		byKey[o.Key] = o
 	}
+	// An empty file is its manifest alone: listed as an object of no
+	// bytes and no ETag.
+	for _, o := range objs {
+		if k, ok := strings.CutSuffix(o.Key, chunkxfer.ManifestKey("")); ok {
+			if _, there := byKey[k]; !there {
+				objs = append(objs, store.ObjectInfo{Key: k, ModTime: o.ModTime})
+			}
+		}
+	}
 	type version struct {
 		log  store.ObjectInfo
 		side map[string]store.ObjectInfo // kind → object
@@ -264,6 +274,15 @@ func (mr *mirror) mirrorFile(ctx context.Context, rel string, o store.ObjectInfo
 		rec := Record{State: StateRemote, Key: o.Key, ETag: m.ETag, Size: m.Size, MtimeNs: mtime.UnixNano(), Ino: st.Ino, Freed: true}
 		if err := writeRecord(tmp, rec); err != nil {
 			return err
+		}
+	} else if o.ETag == "" && o.Size == 0 {
+		// Only its manifest is stored: it must say the file is empty.
+		m, err := chunkxfer.LoadManifest(ctx, mr.t.cfg.Store, o.Key)
+		if err != nil {
+			return err
+		}
+		if !m.NoObject() {
+			return fmt.Errorf("its object is missing, and its manifest is of %d bytes", m.Size)
 		}
 	} else {
 		b, err := store.ReadAll(mr.t.cfg.Store.Get(ctx, o.Key, 0, -1, store.GetOptions{}))

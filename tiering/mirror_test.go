@@ -15,6 +15,12 @@ import (
 // nothing to the store.
 func TestMirror(t *testing.T) {
 	root, bases, sums := logDir(t)
+	// An empty sidecar (Kafka makes empty .txnindex files) is stored as
+	// its manifest alone, and mirrored as an empty file.
+	txn := filepath.Join(root, "orders-0", kafkaName(bases["orders-0"][0], ".txnindex"))
+	if err := os.WriteFile(txn, nil, 0o644); err != nil {
+		t.Fatal(err)
+	}
 	s := store.NewMem(nil)
 	leader := newTierer(t, root, s, 1)
 	mustPass(t, leader)
@@ -67,6 +73,9 @@ func TestMirror(t *testing.T) {
 		if _, err := os.Stat(filepath.Join(readerRoot, p, "leader-epoch-checkpoint")); err != nil {
 			t.Errorf("%s: no leader-epoch-checkpoint: %v", p, err)
 		}
+	}
+	if fi, err := os.Stat(filepath.Join(readerRoot, "orders-0", kafkaName(bases["orders-0"][0], ".txnindex"))); err != nil || fi.Size() != 0 {
+		t.Errorf("the empty .txnindex was not mirrored: %v", err)
 	}
 	if shipped == 0 || rep.Segments != shipped {
 		t.Fatalf("%d shipped, %d mirrored", shipped, rep.Segments)
