@@ -175,9 +175,7 @@ func run(c config) error {
 	add("RSS of tierfs, idle", size(rss), "≤ 200 MiB", rss <= 200<<20)
 	peak, _ := procmem.PeakRSS(pid)
 	add("peak RSS of tierfs, shipping included", size(peak), "≤ 200 MiB", peak <= 200<<20)
-	if heap, err := benchutil.Metric(addr, "go_memstats_heap_inuse_bytes"); err == nil {
-		add("Go heap in use, idle", size(int64(heap)), "", false)
-	}
+	add("Go heap, idle", heapLine(addr), "", false)
 	st := statusTime(c.bin, mnt)
 	add("tierfs status (median of 3)", st.Round(time.Millisecond).String(), "≤ 1s", st <= time.Second)
 	state := dirBytes(filepath.Join(backing, ".tierfs"))
@@ -292,7 +290,22 @@ func measureFollower(c config, work, fbacking, fmnt, remote string, storeEnv []s
 	add("follower: partitions looked at again while idle", fmt.Sprintf("%.0f in %s", scansIdle-scans, c.idle), "", false)
 	rss, _ := procmem.RSS(pid)
 	add("follower: RSS, idle", size(rss), "≤ 200 MiB", rss <= 200<<20)
+	add("follower: Go heap, idle", heapLine(addr), "", false)
 	return nil
+}
+
+// heapLine is what the Go heap of the mount serving metrics at addr
+// holds: in use, the size the next collection runs at, and what it
+// holds free but has not given back to the system.
+func heapLine(addr string) string {
+	var v [4]float64
+	for i, m := range []string{"go_memstats_heap_inuse_bytes", "go_memstats_next_gc_bytes", "go_memstats_heap_idle_bytes", "go_memstats_heap_released_bytes"} {
+		var err error
+		if v[i], err = benchutil.Metric(addr, m); err != nil {
+			return "unknown: " + err.Error()
+		}
+	}
+	return fmt.Sprintf("%s in use, next collection at %s, %s free and not given back", size(int64(v[0])), size(int64(v[1])), size(int64(v[2]-v[3])))
 }
 
 // idleCPU is the share of a core process pid used over d.
