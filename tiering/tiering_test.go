@@ -382,7 +382,7 @@ func TestShipRequestsPerSegment(t *testing.T) {
 	// partition's index once for the pass's segments (a commit of them
 	// all).
 	if empty == 0 {
-		t.Error("no empty file among the segments' (their .txnindex files are empty)")
+		t.Error("no empty file among the segments' objects (a one-batch segment's .index and .timeindex are empty)")
 	}
 	if puts != objects-empty+1 {
 		t.Errorf("%d puts for %d objects (%d of them empty files) of %d segments", puts, objects, empty, rep.Shipped)
