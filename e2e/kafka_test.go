@@ -14,6 +14,7 @@ import (
 	"github.com/twmb/franz-go/pkg/kadm"
 	"github.com/twmb/franz-go/pkg/kgo"
 
+	"github.com/tierfs/tierfs/chunkxfer"
 	"github.com/tierfs/tierfs/e2e/kafka"
 	idxkafka "github.com/tierfs/tierfs/idx/kafka"
 	"github.com/tierfs/tierfs/internal/testenv"
@@ -186,20 +187,29 @@ func waitEvicted(t *testing.T, part string, min int, m *mount) {
 	}, m.Log)
 }
 
-// logObjects counts the .log objects of a partition in the store at url.
+// logObjects counts the .log versions of a partition in the store at
+// url: its .log objects, and the manifests of empty ones (an empty file
+// is its manifest alone, as a compacted segment the cleaner emptied).
 func logObjects(t *testing.T, url string, env []string, partition string) int {
 	t.Helper()
 	out, code := tierfs(t, append([]string{"TIERFS_STORE=" + url}, env...), "store", "ls", partition+"/")
 	if code != 0 {
 		t.Fatalf("store ls: %s", out)
 	}
-	n := 0
+	logs := map[string]bool{}
 	for _, line := range strings.Split(out, "\n") {
-		if f := strings.Fields(line); len(f) > 0 && strings.HasSuffix(f[len(f)-1], ".log") {
-			n++
+		f := strings.Fields(line)
+		if len(f) == 0 {
+			continue
+		}
+		k := f[len(f)-1]
+		if strings.HasSuffix(k, ".log") {
+			logs[k] = true
+		} else if m, ok := strings.CutSuffix(k, ".log"+chunkxfer.ManifestKey("")); ok {
+			logs[m+".log"] = true
 		}
 	}
-	return n
+	return len(logs)
 }
 
 // verifySegments runs tierfs index verify on every .log of a partition
@@ -488,6 +498,10 @@ func TestKafkaCompaction(t *testing.T) {
 		_, shipped := segments(t, part, "shipped")
 		_, remote := segments(t, part, "remote")
 		return objects() == shipped+remote
+	}, func() string {
+		n, shipped := segments(t, part, "shipped")
+		_, remote := segments(t, part, "remote")
+		return fmt.Sprintf("cleaned to %d; %d segments, %d shipped, %d remote; %d .log objects in the store\n", cleaned(), n, shipped, remote, objects())
 	}, m.Log)
 	segs, _ := segments(t, part, "")
 	t.Logf("cleaned up to offset %d; %d segments now, %d .log objects in the store", cleaned(), segs, objects())
