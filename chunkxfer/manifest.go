@@ -13,6 +13,7 @@ import (
 	"errors"
 	"fmt"
 	"hash/crc32"
+	"strings"
 	"time"
 
 	"github.com/tierfs/tierfs/chunkxfer/store"
@@ -96,8 +97,15 @@ type Source struct {
 
 const manifestVersion = 1
 
+// manifestSuffix ends every manifest's key.
+const manifestSuffix = ".tierfs-manifest"
+
 // ManifestKey is where an object's manifest is stored.
-func ManifestKey(key string) string { return key + ".tierfs-manifest" }
+func ManifestKey(key string) string { return key + manifestSuffix }
+
+// ManifestOf is the key of the object whose manifest is stored at key,
+// if key is a manifest's.
+func ManifestOf(key string) (string, bool) { return strings.CutSuffix(key, manifestSuffix) }
 
 // NoObject says the manifest is the whole of what is stored: an empty
 // file (no ETag) has no object. Manifests of versions before 2026-12

@@ -205,8 +205,8 @@ func logObjects(t *testing.T, url string, env []string, partition string) int {
 		k := f[len(f)-1]
 		if strings.HasSuffix(k, ".log") {
 			logs[k] = true
-		} else if m, ok := strings.CutSuffix(k, ".log"+chunkxfer.ManifestKey("")); ok {
-			logs[m+".log"] = true
+		} else if o, ok := chunkxfer.ManifestOf(k); ok && strings.HasSuffix(o, ".log") {
+			logs[o] = true
 		}
 	}
 	return len(logs)

@@ -209,8 +209,8 @@ func (r *extentReader) Close() error {
 // as it was when the file was mapped onto it (same ETag and size).
 func (cs *copies) checkCopies(rec Record) error {
 	type want struct {
-		key, etag string
-		size      int64
+		key string
+		m   *chunkxfer.Manifest
 	}
 	var ws []want
 	if len(rec.Extents) == 0 {
@@ -218,7 +218,7 @@ func (cs *copies) checkCopies(rec Record) error {
 		if err != nil {
 			return fmt.Errorf("no usable manifest: %w", err)
 		}
-		ws = append(ws, want{rec.Key, m.ETag, m.Size})
+		ws = append(ws, want{rec.Key, m})
 	} else {
 		if err := checkExtents(rec.Extents, rec.Size); err != nil {
 			return err
@@ -229,12 +229,12 @@ func (cs *copies) checkCopies(rec Record) error {
 				return fmt.Errorf("no usable manifest: %w", err)
 			}
 			if len(ws) == 0 || ws[len(ws)-1].key != e.Key {
-				ws = append(ws, want{e.Key, m.ETag, m.Size})
+				ws = append(ws, want{e.Key, m})
 			}
 		}
 	}
 	for _, w := range ws {
-		if w.size == 0 && w.etag == "" {
+		if w.m.NoObject() {
 			continue // an empty file: its manifest is all there is
 		}
 		ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
@@ -243,8 +243,8 @@ func (cs *copies) checkCopies(rec Record) error {
 		if err != nil {
 			return fmt.Errorf("remote copy %s: %w", w.key, err)
 		}
-		if info.ETag != w.etag || info.Size != w.size {
-			return fmt.Errorf("remote copy %s is not the one recorded (etag %s, %d bytes; recorded %s, %d bytes): %w", w.key, info.ETag, info.Size, w.etag, w.size, store.ErrNotFound)
+		if info.ETag != w.m.ETag || info.Size != w.m.Size {
+			return fmt.Errorf("remote copy %s is not the one recorded (etag %s, %d bytes; recorded %s, %d bytes): %w", w.key, info.ETag, info.Size, w.m.ETag, w.m.Size, store.ErrNotFound)
 		}
 	}
 	return nil

@@ -8,9 +8,9 @@ import (
 	"path"
 	"path/filepath"
 	"regexp"
+	"slices"
 	"sort"
 	"strconv"
-	"strings"
 	"syscall"
 	"time"
 
@@ -154,9 +154,11 @@ func wantedFiles(objs []store.ObjectInfo) map[string]store.ObjectInfo {
 		byKey[o.Key] = o
 	}
 	// An empty file is its manifest alone: listed as an object of no
-	// bytes and no ETag.
+	// bytes and no ETag (appended to a slice of its own, not into the
+	// caller's).
+	objs = slices.Clip(objs)
 	for _, o := range objs {
-		if k, ok := strings.CutSuffix(o.Key, chunkxfer.ManifestKey("")); ok {
+		if k, ok := chunkxfer.ManifestOf(o.Key); ok {
 			if _, there := byKey[k]; !there {
 				objs = append(objs, store.ObjectInfo{Key: k, ModTime: o.ModTime})
 			}
