@@ -118,6 +118,30 @@ func (mc *manifestCopies) put(m *chunkxfer.Manifest) error {
 	return l.Put(m.Key, b)
 }
 
+// putAll keeps copies of ms, which are objects of one partition: one
+// append and sync for all of them.
+func (mc *manifestCopies) putAll(ms []*chunkxfer.Manifest) error {
+	if len(ms) == 0 {
+		return nil
+	}
+	l, err := mc.logOf(ms[0].Key)
+	if err != nil {
+		return err
+	}
+	es := make([]keylog.Entry, len(ms))
+	for i, m := range ms {
+		if manifestGroup(m.Key) != manifestGroup(ms[0].Key) {
+			return fmt.Errorf("manifest copies of %s and %s: not of one partition", ms[0].Key, m.Key)
+		}
+		b, err := json.Marshal(m)
+		if err != nil {
+			return err
+		}
+		es[i] = keylog.Entry{Key: m.Key, Val: b}
+	}
+	return l.PutAll(es)
+}
+
 // remove drops the copy of key's manifest, if any.
 func (mc *manifestCopies) remove(key string) error {
 	l, err := mc.logOf(key)

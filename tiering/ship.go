@@ -577,15 +577,16 @@ func (sp *shipper) commitAll(ctx context.Context, partition string, cs []*shipCo
 		}
 		return errs
 	}
-	for i, c := range cs {
+	if putErr == nil {
+		copy(errs, sp.finishAll(cs[:n]))
+	}
+	for i := range cs {
 		switch {
 		case i < n && putErr != nil:
 			errs[i] = putErr
-		case i < n:
-			errs[i] = sp.finish(ctx, c, nil)
 		case i == n:
 			errs[i] = appendErr
-		default:
+		case i > n:
 			errs[i] = &WaitError{Why: "an earlier segment was not committed"}
 		}
 	}
@@ -663,28 +664,80 @@ func (sp *shipper) finish(ctx context.Context, c *shipCommit, indexed error) err
 	if err := sp.t.manifests.put(c.m); err != nil {
 		return err
 	}
-	if err := sameFile(seg.Path, st); err != nil {
+	sh, err := sp.recordShipped(c)
+	if err != nil {
 		return err
+	}
+	if err := sp.t.shipments.put(sh); err != nil {
+		return err
+	}
+	sp.noteShipped(c)
+	return nil
+}
+
+// finishAll is finish for segments of one partition whose entries the
+// store's index holds, in offset order. Each segment takes finish's
+// steps in finish's order, and each step is taken for all of them at
+// once where it can: their manifest copies are one append (and sync) of
+// the partition's manifest log, their shipments one of its shipment log.
+func (sp *shipper) finishAll(cs []*shipCommit) []error {
+	errs := make([]error, len(cs))
+	ms := make([]*chunkxfer.Manifest, len(cs))
+	for i, c := range cs {
+		ms[i] = c.m
+	}
+	if err := sp.t.manifests.putAll(ms); err != nil {
+		for i := range errs {
+			errs[i] = err
+		}
+		return errs
+	}
+	var shs []Shipment
+	var marked []int
+	for i, c := range cs {
+		sh, err := sp.recordShipped(c)
+		if errs[i] = err; err == nil {
+			shs = append(shs, sh)
+			marked = append(marked, i)
+		}
+	}
+	err := sp.t.shipments.putAll(shs)
+	for _, i := range marked {
+		if errs[i] = err; err == nil {
+			sp.noteShipped(cs[i])
+		}
+	}
+	return errs
+}
+
+// recordShipped marks c's file shipped (its record), if it is still the
+// file that was uploaded, and returns its shipment as shipped.
+func (sp *shipper) recordShipped(c *shipCommit) (Shipment, error) {
+	seg, st, key, from := c.seg, &c.st, c.key, c.from
+	if err := sameFile(seg.Path, st); err != nil {
+		return Shipment{}, err
 	}
 	rec := Record{State: StateShipped, Key: key, ETag: c.m.ETag, Size: st.Size, MtimeNs: st.Mtim.Nano(), Ino: st.Ino}
 	if from > 0 {
 		rec.Extents = append(slices.Clone(c.cov.Extents), Extent{Pos: from, Len: st.Size - from, Key: key, ETag: c.m.ETag})
 	}
 	if err := writeRecord(seg.Path, rec); err != nil {
-		return err
+		return Shipment{}, err
 	}
 	sh := c.sh
 	sh.State, sh.Since = ShipmentShipped, sp.t.cfg.Now()
-	if err := sp.t.shipments.put(sh); err != nil {
-		return err
-	}
+	return sh, nil
+}
+
+// noteShipped counts and logs c's segment as shipped.
+func (sp *shipper) noteShipped(c *shipCommit) {
+	size, from := c.st.Size, c.from
 	sp.t.counters.ShippedSegments.Add(1)
-	sp.t.counters.ShippedBytes.Add(st.Size - from)
+	sp.t.counters.ShippedBytes.Add(size - from)
 	if from > 0 {
 		sp.t.counters.MappedBytes.Add(from)
 	}
-	sp.t.cfg.Log.Info("shipped", "segment", seg.Path, "key", key, "bytes", st.Size-from, "from", from)
-	return nil
+	sp.t.cfg.Log.Info("shipped", "segment", c.seg.Path, "key", c.key, "bytes", size-from, "from", from)
 }
 
 // putBatchList ships the batch list of the object key (the segment from

@@ -182,6 +182,50 @@ func (c *shipmentCatalog) put(s Shipment) error {
 	return nil
 }
 
+// putAll writes ss, shipments of one partition (one append and sync for
+// all of them), and keeps them.
+func (c *shipmentCatalog) putAll(ss []Shipment) error {
+	if len(ss) == 0 {
+		return nil
+	}
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if err := c.loadLocked(); err != nil {
+		return err
+	}
+	part := ss[0].Partition
+	es := make([]keylog.Entry, len(ss))
+	for i := range ss {
+		if ss[i].Partition != part {
+			return fmt.Errorf("shipments of %s and %s: not of one partition", part, ss[i].Partition)
+		}
+		ss[i].Version = 1
+		b, err := encodeShipment(ss[i])
+		if err != nil {
+			return err
+		}
+		es[i] = keylog.Entry{Key: ss[i].Key, Val: b}
+	}
+	l := c.logs[part]
+	if l == nil {
+		var err error
+		if l, err = c.openLog(part); err != nil {
+			return err
+		}
+		c.logs[part] = l
+	}
+	if err := l.PutAll(es); err != nil {
+		return err
+	}
+	if c.byPart[part] == nil {
+		c.byPart[part] = map[string]keptShipment{}
+	}
+	for _, s := range ss {
+		c.byPart[part][s.Key] = c.keptLocked(s)
+	}
+	return nil
+}
+
 // remove deletes the shipment of key in partition, if any.
 func (c *shipmentCatalog) remove(partition, key string) error {
 	c.mu.Lock()

@@ -462,6 +462,51 @@ func TestShipBatchCommit(t *testing.T) {
 	}
 }
 
+// The segments one pass commits together keep their local state in one
+// append of each log: the partition's manifest copies in one line, their
+// shipments as shipped in one line (after one line each that catalogued
+// it before its upload), and a tierer that starts again reads them all.
+func TestShipBatchLocalState(t *testing.T) {
+	root := filepath.Join(t.TempDir(), "kafka-logs")
+	if _, err := (kafkatest.LogDir{Topic: "s", Partitions: 1, Segments: 11, Batches: 1, Records: 8, ValueSize: 450, Age: time.Hour}).Write(root); err != nil {
+		t.Fatal(err)
+	}
+	s := store.NewMem(nil)
+	tr := newTierer(t, root, s, 1<<40)
+	tr.cfg.Policy.ShipAfter = 0
+	if rep := tr.RunOnce(context.Background()); len(rep.Errors) > 0 || rep.Shipped != 10 {
+		t.Fatalf("pass: %+v", rep)
+	}
+	lines := func(p string) int {
+		b, err := os.ReadFile(p)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return strings.Count(string(b), "\n")
+	}
+	state := filepath.Join(root, ".tierfs")
+	if n := lines(filepath.Join(state, "shipments", "s-0.klog")); n != 10+1 {
+		t.Errorf("shipment log of 10 segments has %d lines, want 11", n)
+	}
+	if n := lines(filepath.Join(state, "manifests", "s-0.klog")); n != 1 {
+		t.Errorf("manifest log of 10 segments has %d lines, want 1", n)
+	}
+	tr.Close()
+	again := newTierer(t, root, s, 1<<40)
+	shs, err := again.shipments.of("s-0")
+	if err != nil || len(shs) != 10 {
+		t.Fatalf("%d shipments read again, %v", len(shs), err)
+	}
+	for _, sh := range shs {
+		if sh.State != ShipmentShipped {
+			t.Errorf("%s: %v", sh.Key, sh.State)
+		}
+		if _, err := again.manifests.get(sh.Key); err != nil {
+			t.Errorf("manifest copy of %s: %v", sh.Key, err)
+		}
+	}
+}
+
 // scanSegments are the .log files under root, in offset order.
 func scanSegments(t *testing.T, root string) []string {
 	t.Helper()

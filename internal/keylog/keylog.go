@@ -8,7 +8,8 @@
 // The format (docs/formats.md, "Keyed logs"): each line is framed as
 // internal/crcline frames it (the CRC32C of its JSON, as 8 lowercase hex
 // digits, a space, the JSON and a newline).
-// The JSON is {"k":key,"v":value} for a put and {"k":key} for a delete.
+// The JSON is {"k":key,"v":value} for a put and {"k":key} for a delete;
+// {"b":[put, ...]} is several puts appended and synced as one (PutAll).
 // A last line that is cut short or does not match its CRC is a torn
 // append (a crash before its sync returned) and is cut off when the file
 // is opened; a bad line before the last is an error naming the file and
@@ -47,7 +48,11 @@ func (e *FormatError) Error() string {
 	return fmt.Sprintf("%s: offset %d: %s", e.Path, e.Offset, e.Why)
 }
 
-type span struct{ off, n int64 } // a line
+// span is where a live key's value is: the line at off, n bytes long
+// (a batch line holds other keys too). cost is what the key's value
+// counts of the file's live bytes: the whole line for a line of one key,
+// a share of it for a batch line.
+type span struct{ off, n, cost int64 }
 
 // Log is one keyed log file. Its methods are safe for concurrent use.
 type Log struct {
@@ -61,8 +66,34 @@ type Log struct {
 }
 
 type line struct {
-	K string          `json:"k"`
+	K string          `json:"k,omitempty"`
 	V json.RawMessage `json:"v,omitempty"`
+	B []line          `json:"b,omitempty"` // a batch of puts (nothing else is set)
+}
+
+// puts is what a line does, in order: itself, or its batch.
+func (ln line) puts() []line {
+	if ln.B != nil {
+		return ln.B
+	}
+	return []line{ln}
+}
+
+// find is key's value in a line (the last of a batch's that names it).
+func (ln line) find(key string) (json.RawMessage, bool) {
+	ps := ln.puts()
+	for i := len(ps) - 1; i >= 0; i-- {
+		if ps[i].K == key {
+			return ps[i].V, true
+		}
+	}
+	return nil, false
+}
+
+// Entry is one key and value of PutAll.
+type Entry struct {
+	Key string
+	Val []byte
 }
 
 // Open reads the log at path (none yet is an empty log) and cuts off a
@@ -115,20 +146,31 @@ func (l *Log) parse(b []byte, fn func(key string, val []byte)) (int64, error) {
 			return 0, &FormatError{Path: l.path, Offset: off, Why: err.Error()}
 		}
 		n := int64(nl) + 1
-		if old, ok := l.at[ln.K]; ok {
-			l.live -= old.n
-			delete(l.at, ln.K)
-		}
-		if ln.V != nil {
-			l.at[ln.K] = span{off, n}
-			l.live += n
-		}
+		l.apply(ln, off, n)
 		if fn != nil {
-			fn(ln.K, ln.V)
+			for _, p := range ln.puts() {
+				fn(p.K, p.V)
+			}
 		}
 		off += n
 	}
 	return off, nil
+}
+
+// apply takes the line at off, n bytes long, into the live keys.
+func (l *Log) apply(ln line, off, n int64) {
+	ps := ln.puts()
+	for _, p := range ps {
+		if old, ok := l.at[p.K]; ok {
+			l.live -= old.cost
+			delete(l.at, p.K)
+		}
+		if p.V != nil {
+			cost := n / int64(len(ps))
+			l.at[p.K] = span{off, n, cost}
+			l.live += cost
+		}
+	}
 }
 
 // decode checks one line (without its newline).
@@ -144,6 +186,17 @@ func decode(b []byte) (line, error) {
 	if err := json.Unmarshal(body, &ln); err != nil {
 		return ln, fmt.Errorf("bad JSON: %v", err)
 	}
+	if ln.B != nil {
+		if ln.K != "" || ln.V != nil || len(ln.B) == 0 {
+			return ln, errors.New("a batch with a key, a value or no puts")
+		}
+		for i, p := range ln.B {
+			if p.K == "" || p.V == nil || p.B != nil || bytes.Equal(p.V, []byte("null")) {
+				return ln, fmt.Errorf("batch put %d: no key, no value, a null value or a batch", i)
+			}
+		}
+		return ln, nil
+	}
 	if ln.K == "" {
 		return ln, errors.New("no key")
 	}
@@ -154,13 +207,18 @@ func decode(b []byte) (line, error) {
 }
 
 func encode(key string, val []byte) ([]byte, error) {
-	j, err := json.Marshal(line{K: key, V: val})
+	return encodeLine(line{K: key, V: val}, key)
+}
+
+// encodeLine frames ln; what names it in an error.
+func encodeLine(ln line, what string) ([]byte, error) {
+	j, err := json.Marshal(ln)
 	if err != nil {
 		return nil, err
 	}
 	out := crcline.Append(make([]byte, 0, len(j)+crcline.Prefix+1), j)
 	if len(out)-1 > MaxLine {
-		return nil, fmt.Errorf("keylog: a line of %d bytes for %s, more than %d", len(out), key, MaxLine)
+		return nil, fmt.Errorf("keylog: a line of %d bytes for %s, more than %d", len(out), what, MaxLine)
 	}
 	return out, nil
 }
@@ -199,7 +257,11 @@ func (l *Log) Get(key string) ([]byte, bool, error) {
 	if err != nil {
 		return nil, false, err
 	}
-	return ln.V, true, nil
+	v, err := l.valueAt(ln, key, sp)
+	if err != nil {
+		return nil, false, err
+	}
+	return v, true, nil
 }
 
 func (l *Log) readLocked(sp span) (line, error) {
@@ -219,6 +281,15 @@ func (l *Log) readLocked(sp span) (line, error) {
 	return ln, nil
 }
 
+// valueAt is key's value in the line ln at sp.
+func (l *Log) valueAt(ln line, key string, sp span) ([]byte, error) {
+	v, ok := ln.find(key)
+	if !ok {
+		return nil, &FormatError{Path: l.path, Offset: sp.off, Why: "the line does not hold " + key}
+	}
+	return v, nil
+}
+
 // Each calls fn with every live key and value, in the file's order.
 func (l *Log) Each(fn func(key string, val []byte) error) error {
 	l.mu.Lock()
@@ -233,7 +304,12 @@ func (l *Log) Each(fn func(key string, val []byte) error) error {
 			s span
 		}{k, s})
 	}
-	sort.Slice(spans, func(i, j int) bool { return spans[i].s.off < spans[j].s.off })
+	sort.Slice(spans, func(i, j int) bool {
+		if spans[i].s.off != spans[j].s.off {
+			return spans[i].s.off < spans[j].s.off
+		}
+		return spans[i].k < spans[j].k // one batch line's keys
+	})
 	if len(spans) == 0 {
 		return nil
 	}
@@ -249,7 +325,11 @@ func (l *Log) Each(fn func(key string, val []byte) error) error {
 		if err != nil {
 			return &FormatError{Path: l.path, Offset: x.s.off, Why: err.Error()}
 		}
-		if err := fn(x.k, ln.V); err != nil {
+		v, err := l.valueAt(ln, x.k, x.s)
+		if err != nil {
+			return err
+		}
+		if err := fn(x.k, v); err != nil {
 			return err
 		}
 	}
@@ -276,17 +356,58 @@ func (l *Log) Delete(key string) error {
 	return l.write(key, nil)
 }
 
+// PutAll appends the values of es (JSON) as one line, synced once: after
+// a crash either all of them are in the log or none is. Where they do
+// not fit one line, each line that holds some of them is such an append.
+func (l *Log) PutAll(es []Entry) error {
+	for _, e := range es {
+		if e.Key == "" || len(e.Val) == 0 || !json.Valid(e.Val) || bytes.Equal(e.Val, []byte("null")) {
+			return fmt.Errorf("%s: value of %q is not a JSON value", l.path, e.Key)
+		}
+	}
+	for len(es) > 0 {
+		ln, n := line{}, 0
+		for size := 0; n < len(es); n++ {
+			// A batch line stays well under MaxLine (framing and JSON
+			// escapes aside), or holds one put.
+			if size += len(es[n].Key) + len(es[n].Val) + 16; n > 0 && size > MaxLine/2 {
+				break
+			}
+			ln.B = append(ln.B, line{K: es[n].Key, V: es[n].Val})
+		}
+		if n == 1 {
+			ln = ln.B[0]
+		}
+		b, err := encodeLine(ln, es[0].Key)
+		if err != nil {
+			return err
+		}
+		if err := l.writeLine(ln, b); err != nil {
+			return err
+		}
+		es = es[n:]
+	}
+	return nil
+}
+
 func (l *Log) write(key string, val []byte) error {
+	ln := line{K: key, V: val}
 	b, err := encode(key, val)
 	if err != nil {
 		return err
 	}
+	return l.writeLine(ln, b)
+}
+
+// writeLine appends ln, encoded as b, and syncs it.
+func (l *Log) writeLine(ln line, b []byte) error {
+	key, val := ln.K, ln.V
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	if l.broken != nil {
 		return l.broken
 	}
-	if val == nil && len(l.at) == 1 {
+	if ln.B == nil && val == nil && len(l.at) == 1 {
 		if _, ok := l.at[key]; ok {
 			// The last key goes: so does the file.
 			if err := os.Remove(l.path); err != nil && !errors.Is(err, os.ErrNotExist) {
@@ -322,14 +443,7 @@ func (l *Log) write(key string, val []byte) error {
 		}
 	}
 	n := int64(len(b))
-	if old, ok := l.at[key]; ok {
-		l.live -= old.n
-		delete(l.at, key)
-	}
-	if val != nil {
-		l.at[key] = span{l.size, n}
-		l.live += n
-	}
+	l.apply(ln, l.size, n)
 	l.size += n
 	if dead := l.size - l.live; dead >= compactAt && dead > l.live {
 		return l.compactLocked()
@@ -358,7 +472,13 @@ func (l *Log) compactLocked() error {
 	for k := range l.at {
 		keys = append(keys, k)
 	}
-	sort.Slice(keys, func(i, j int) bool { return l.at[keys[i]].off < l.at[keys[j]].off })
+	sort.Slice(keys, func(i, j int) bool {
+		a, b := l.at[keys[i]], l.at[keys[j]]
+		if a.off != b.off {
+			return a.off < b.off
+		}
+		return keys[i] < keys[j]
+	})
 	out := make([]byte, 0, l.live)
 	at := make(map[string]span, len(keys))
 	for _, k := range keys {
@@ -366,8 +486,25 @@ func (l *Log) compactLocked() error {
 		if sp.off+sp.n > int64(len(old)) {
 			return &FormatError{Path: l.path, Offset: sp.off, Why: "past the end of the file"}
 		}
-		at[k] = span{int64(len(out)), sp.n}
-		out = append(out, old[sp.off:sp.off+sp.n]...)
+		b := old[sp.off : sp.off+sp.n]
+		if sp.cost != sp.n {
+			// A key of a batch line is written again as a line of
+			// its own.
+			ln, err := decode(b[:len(b)-1])
+			if err != nil {
+				return &FormatError{Path: l.path, Offset: sp.off, Why: err.Error()}
+			}
+			v, err := l.valueAt(ln, k, sp)
+			if err != nil {
+				return err
+			}
+			if b, err = encode(k, v); err != nil {
+				return err
+			}
+		}
+		n := int64(len(b))
+		at[k] = span{int64(len(out)), n, n}
+		out = append(out, b...)
 	}
 	if err := fsutil.WriteFileAtomic(l.path, out, 0o644); err != nil {
 		return err

@@ -133,6 +133,63 @@ func TestTornAndBadLines(t *testing.T) {
 	}
 }
 
+// PutAll appends its puts as one line: they read back, reopen, mix with
+// single puts and deletes, and a torn batch is cut off whole.
+func TestPutAll(t *testing.T) {
+	p := filepath.Join(t.TempDir(), "a.klog")
+	l := open(t, p)
+	l.Put("a", []byte("0"))
+	before, _ := os.ReadFile(p)
+	if err := l.PutAll([]Entry{{"a", []byte("1")}, {"b", []byte(`{"x":2}`)}, {"c", []byte("3")}, {"b", []byte(`"two"`)}}); err != nil {
+		t.Fatal(err)
+	}
+	after, _ := os.ReadFile(p)
+	if lines := strings.Count(string(after[len(before):]), "\n"); lines != 1 {
+		t.Fatalf("PutAll wrote %d lines, want 1", lines)
+	}
+	if err := l.Delete("c"); err != nil {
+		t.Fatal(err)
+	}
+	check := func(l *Log) {
+		t.Helper()
+		if get(t, l, "a") != "1" || get(t, l, "b") != `"two"` || get(t, l, "c") != "<none>" || fmt.Sprint(l.Keys()) != "[a b]" {
+			t.Fatalf("a=%s b=%s c=%s keys %v", get(t, l, "a"), get(t, l, "b"), get(t, l, "c"), l.Keys())
+		}
+		var seen []string
+		if err := l.Each(func(k string, v []byte) error { seen = append(seen, k+"="+string(v)); return nil }); err != nil {
+			t.Fatal(err)
+		}
+		if fmt.Sprint(seen) != `[a=1 b="two"]` {
+			t.Fatalf("Each saw %v", seen)
+		}
+	}
+	check(l)
+	check(open(t, p))
+	if err := l.PutAll([]Entry{{"d", []byte("null")}}); err == nil {
+		t.Fatal("a null value was taken")
+	}
+	// A torn batch: none of its puts survive.
+	good, _ := os.ReadFile(p)
+	batch, err := encodeLine(line{B: []line{{K: "a", V: []byte("9")}, {K: "e", V: []byte("5")}}}, "a")
+	if err != nil {
+		t.Fatal(err)
+	}
+	os.WriteFile(p, append(append([]byte{}, good...), batch[:len(batch)-3]...), 0o644)
+	r, cut, err := Open(p)
+	if err != nil || cut != int64(len(batch)-3) {
+		t.Fatalf("cut %d, %v", cut, err)
+	}
+	check(r)
+	// Values too big for one line go in several.
+	big := []byte(`"` + strings.Repeat("v", MaxLine/3) + `"`)
+	if err := r.PutAll([]Entry{{"x", big}, {"y", big}, {"z", big}}); err != nil {
+		t.Fatal(err)
+	}
+	if r := open(t, p); get(t, r, "z") != string(big) || r.Len() != 5 {
+		t.Fatalf("big batch: %d keys", r.Len())
+	}
+}
+
 // Once most of the file is dead lines, it is rewritten with the live
 // ones only, and reads and reopens see the same values.
 func TestCompaction(t *testing.T) {
@@ -155,6 +212,19 @@ func TestCompaction(t *testing.T) {
 	if left, _ := filepath.Glob(p + ".tmp-*"); len(left) != 0 {
 		t.Fatalf("compaction left its temporary file: %v", left)
 	}
+	// Keys of batch lines survive a compaction, each on a line of its own.
+	for i := range 200 {
+		if err := l.PutAll([]Entry{{fmt.Sprintf("k%d", i%10), val}, {fmt.Sprintf("b%d", i%3), []byte(fmt.Sprint(i))}}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	r = open(t, p)
+	if r.Len() != 13 || get(t, r, "b2") != "197" || get(t, r, "b0") != "198" || get(t, r, "k9") != string(val) || get(t, l, "b1") != "199" {
+		t.Fatalf("after compacting batches: %d keys, b2=%s", r.Len(), get(t, r, "b2"))
+	}
+	if fi, _ := os.Stat(p); fi.Size() > 2*compactAt+4096 {
+		t.Fatalf("200 batches of 13 keys left %d bytes", fi.Size())
+	}
 }
 
 func FuzzParse(f *testing.F) {
@@ -166,6 +236,8 @@ func FuzzParse(f *testing.F) {
 	d, _ := encode("a", nil)
 	seed = append(seed, d...)
 	f.Add(seed)
+	batch, _ := encodeLine(line{B: []line{{K: "c", V: []byte("1")}, {K: "a", V: []byte(`"x"`)}}}, "c")
+	f.Add(append(append([]byte{}, seed...), batch...))
 	f.Add([]byte("00000000 {}\n"))
 	f.Fuzz(func(t *testing.T, b []byte) {
 		keys := map[string]string{}
