@@ -48,11 +48,19 @@ func (e *FormatError) Error() string {
 	return fmt.Sprintf("%s: offset %d: %s", e.Path, e.Offset, e.Why)
 }
 
-// span is where a live key's value is: the line at off, n bytes long
-// (a batch line holds other keys too). cost is what the key's value
-// counts of the file's live bytes: the whole line for a line of one key,
-// a share of it for a batch line.
-type span struct{ off, n, cost int64 }
+// span is where a live key's value is: the line at off, n bytes long,
+// and in a batch line (which holds other keys too) the key's put at
+// [lo, hi) of the line, so that reading it decodes that put alone (0, 0:
+// the line is the key's). cost is what the key's value counts of the
+// file's live bytes: the whole line for a line of one key, a share of it
+// for a batch line.
+type span struct {
+	off, n, cost int64
+	lo, hi       int32
+}
+
+// inBatch says whether the span is a put of a batch line.
+func (sp span) inBatch() bool { return sp.hi > 0 }
 
 // Log is one keyed log file. Its methods are safe for concurrent use.
 type Log struct {
@@ -138,7 +146,7 @@ func (l *Log) parse(b []byte, fn func(key string, val []byte)) (int64, error) {
 		if nl < 0 {
 			return off, nil // torn: no newline yet
 		}
-		ln, err := decode(rest[:nl])
+		ln, puts, err := decodePuts(rest[:nl])
 		if err != nil {
 			if off+int64(nl)+1 == int64(len(b)) {
 				return off, nil // torn: the last line
@@ -146,7 +154,7 @@ func (l *Log) parse(b []byte, fn func(key string, val []byte)) (int64, error) {
 			return 0, &FormatError{Path: l.path, Offset: off, Why: err.Error()}
 		}
 		n := int64(nl) + 1
-		l.apply(ln, off, n)
+		l.apply(ln, puts, off, n)
 		if fn != nil {
 			for _, p := range ln.puts() {
 				fn(p.K, p.V)
@@ -157,20 +165,54 @@ func (l *Log) parse(b []byte, fn func(key string, val []byte)) (int64, error) {
 	return off, nil
 }
 
-// apply takes the line at off, n bytes long, into the live keys.
-func (l *Log) apply(ln line, off, n int64) {
+// apply takes the line at off, n bytes long, into the live keys; puts
+// are where a batch line's puts are in it (decodePuts).
+func (l *Log) apply(ln line, puts [][2]int32, off, n int64) {
 	ps := ln.puts()
-	for _, p := range ps {
+	for i, p := range ps {
 		if old, ok := l.at[p.K]; ok {
 			l.live -= old.cost
 			delete(l.at, p.K)
 		}
 		if p.V != nil {
-			cost := n / int64(len(ps))
-			l.at[p.K] = span{off, n, cost}
-			l.live += cost
+			sp := span{off: off, n: n, cost: n / int64(len(ps))}
+			if puts != nil {
+				sp.lo, sp.hi = puts[i][0], puts[i][1]
+			}
+			l.at[p.K] = sp
+			l.live += sp.cost
 		}
 	}
+}
+
+// decodePuts is decode, and for a batch line where each of its puts is
+// in b: [lo, hi) from the line's start.
+func decodePuts(b []byte) (line, [][2]int32, error) {
+	ln, err := decode(b)
+	if err != nil || ln.B == nil {
+		return ln, nil, err
+	}
+	var raw struct {
+		B []json.RawMessage `json:"b"`
+	}
+	body := b[crcline.Prefix:]
+	if err := json.Unmarshal(body, &raw); err != nil || len(raw.B) != len(ln.B) {
+		return ln, nil, fmt.Errorf("bad batch: %v", err)
+	}
+	// Each put's bytes are the first match after the one before: only
+	// a comma and spaces come between them.
+	puts := make([][2]int32, len(raw.B))
+	at := 0
+	for i, r := range raw.B {
+		j := bytes.Index(body[at:], r)
+		if j < 0 {
+			return ln, nil, fmt.Errorf("batch put %d not found in its line", i)
+		}
+		lo := crcline.Prefix + at + j
+		puts[i] = [2]int32{int32(lo), int32(lo + len(r))}
+		at += j + len(r)
+	}
+	return ln, puts, nil
 }
 
 // decode checks one line (without its newline).
@@ -253,41 +295,61 @@ func (l *Log) Get(key string) ([]byte, bool, error) {
 	if !ok {
 		return nil, false, nil
 	}
-	ln, err := l.readLocked(sp)
+	b, err := l.readLocked(sp)
 	if err != nil {
 		return nil, false, err
 	}
-	v, err := l.valueAt(ln, key, sp)
+	v, err := l.valueAt(b, key, sp, true)
 	if err != nil {
 		return nil, false, err
 	}
 	return v, true, nil
 }
 
-func (l *Log) readLocked(sp span) (line, error) {
+// readLocked reads the line at sp, without its newline.
+func (l *Log) readLocked(sp span) ([]byte, error) {
 	f, err := os.Open(l.path)
 	if err != nil {
-		return line{}, err
+		return nil, err
 	}
 	defer f.Close()
 	b := make([]byte, sp.n)
 	if _, err := f.ReadAt(b, sp.off); err != nil {
-		return line{}, fmt.Errorf("%s: offset %d: %w", l.path, sp.off, err)
+		return nil, fmt.Errorf("%s: offset %d: %w", l.path, sp.off, err)
 	}
-	ln, err := decode(b[:len(b)-1])
-	if err != nil {
-		return line{}, &FormatError{Path: l.path, Offset: sp.off, Why: err.Error()}
-	}
-	return ln, nil
+	return b[:len(b)-1], nil
 }
 
-// valueAt is key's value in the line ln at sp.
-func (l *Log) valueAt(ln line, key string, sp span) ([]byte, error) {
-	v, ok := ln.find(key)
-	if !ok {
-		return nil, &FormatError{Path: l.path, Offset: sp.off, Why: "the line does not hold " + key}
+// valueAt is key's value in b, the line at sp (without its newline).
+// check says whether the line's checksum is to be checked (a caller
+// reading several keys of one batch line checks it once); a batch
+// line's other puts are not decoded.
+func (l *Log) valueAt(b []byte, key string, sp span, check bool) ([]byte, error) {
+	bad := func(why string) error { return &FormatError{Path: l.path, Offset: sp.off, Why: why} }
+	if !sp.inBatch() {
+		ln, err := decode(b)
+		if err != nil {
+			return nil, bad(err.Error())
+		}
+		v, ok := ln.find(key)
+		if !ok {
+			return nil, bad("the line does not hold " + key)
+		}
+		return v, nil
 	}
-	return v, nil
+	if check {
+		if _, err := crcline.Body(b); err != nil {
+			return nil, bad(err.Error())
+		}
+	}
+	var p line
+	if int(sp.hi) > len(b) || sp.lo >= sp.hi {
+		return nil, bad("a batch put past the end of its line")
+	}
+	if err := json.Unmarshal(b[sp.lo:sp.hi], &p); err != nil || p.K != key || p.V == nil {
+		return nil, bad("the batch put of " + key + " is not where it was")
+	}
+	return p.V, nil
 }
 
 // Each calls fn with every live key and value, in the file's order.
@@ -317,18 +379,16 @@ func (l *Log) Each(fn func(key string, val []byte) error) error {
 	if err != nil {
 		return err
 	}
+	checked := int64(-1) // the line whose checksum was checked last
 	for _, x := range spans {
 		if x.s.off+x.s.n > int64(len(b)) {
 			return &FormatError{Path: l.path, Offset: x.s.off, Why: "past the end of the file"}
 		}
-		ln, err := decode(b[x.s.off : x.s.off+x.s.n-1])
-		if err != nil {
-			return &FormatError{Path: l.path, Offset: x.s.off, Why: err.Error()}
-		}
-		v, err := l.valueAt(ln, x.k, x.s)
+		v, err := l.valueAt(b[x.s.off:x.s.off+x.s.n-1], x.k, x.s, x.s.off != checked)
 		if err != nil {
 			return err
 		}
+		checked = x.s.off
 		if err := fn(x.k, v); err != nil {
 			return err
 		}
@@ -443,7 +503,13 @@ func (l *Log) writeLine(ln line, b []byte) error {
 		}
 	}
 	n := int64(len(b))
-	l.apply(ln, l.size, n)
+	var puts [][2]int32
+	if ln.B != nil {
+		if _, puts, err = decodePuts(b[:len(b)-1]); err != nil {
+			return err
+		}
+	}
+	l.apply(ln, puts, l.size, n)
 	l.size += n
 	if dead := l.size - l.live; dead >= compactAt && dead > l.live {
 		return l.compactLocked()
@@ -487,14 +553,10 @@ func (l *Log) compactLocked() error {
 			return &FormatError{Path: l.path, Offset: sp.off, Why: "past the end of the file"}
 		}
 		b := old[sp.off : sp.off+sp.n]
-		if sp.cost != sp.n {
+		if sp.inBatch() {
 			// A key of a batch line is written again as a line of
 			// its own.
-			ln, err := decode(b[:len(b)-1])
-			if err != nil {
-				return &FormatError{Path: l.path, Offset: sp.off, Why: err.Error()}
-			}
-			v, err := l.valueAt(ln, k, sp)
+			v, err := l.valueAt(b[:len(b)-1], k, sp, true)
 			if err != nil {
 				return err
 			}
@@ -503,7 +565,7 @@ func (l *Log) compactLocked() error {
 			}
 		}
 		n := int64(len(b))
-		at[k] = span{int64(len(out)), n, n}
+		at[k] = span{off: int64(len(out)), n: n, cost: n}
 		out = append(out, b...)
 	}
 	if err := fsutil.WriteFileAtomic(l.path, out, 0o644); err != nil {
