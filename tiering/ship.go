@@ -772,7 +772,7 @@ func (sp *shipper) putBatchList(ctx context.Context, seg Segment, key string, fr
 	if err != nil {
 		return fmt.Errorf("batch list of %s: %w", seg.Path, err)
 	}
-	_, err = sp.t.cfg.Store.Put(ctx, batchesKey(key), bytes.NewReader(b), int64(len(b)))
+	_, err = sp.t.uploads.Put(ctx, batchesKey(key), bytes.NewReader(b), int64(len(b)))
 	return err
 }
 
@@ -942,7 +942,7 @@ func (sp *shipper) appendLocal(ctx context.Context, seg Segment, key string, fro
 	var puts []func() error
 	for name, b := range map[string][]byte{base + ".rindex": ri.MarshalOffsets(), base + ".rtimeindex": ri.MarshalTimes()} {
 		puts = append(puts, func() error {
-			_, err := sp.t.cfg.Store.Put(ctx, name, bytes.NewReader(b), int64(len(b)))
+			_, err := sp.t.uploads.Put(ctx, name, bytes.NewReader(b), int64(len(b)))
 			return err
 		})
 	}

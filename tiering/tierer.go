@@ -116,7 +116,8 @@ type Tierer struct {
 	cfg       Config
 	ready     chan struct{} // closed once Root and StateDir are known
 	up        *chunkxfer.Uploader
-	mu        sync.Mutex // guards cfg.BrokerID, learnt late
+	uploads   store.Store // where a shipment's objects are put: cfg.Store or its deferred view (deferrer)
+	mu        sync.Mutex  // guards cfg.BrokerID, learnt late
 	indexes   *partIndexes
 	batches   batchLists
 	status    *partStatus
@@ -268,11 +269,25 @@ func New(cfg Config) (*Tierer, error) {
 	return t, nil
 }
 
+// deferrer is a store that can put objects whose names become durable
+// at its next conditional put instead of before each put returns
+// (store.Dir: one directory sync for a segment's objects, not one each).
+// A shipment's objects are put through it: the partition's index, which
+// names them, is such a conditional put, and nothing counts an object
+// shipped before the index names it.
+type deferrer interface {
+	Deferred() store.Store
+}
+
 // SetRoot tells the tierer where the log directory and its state are;
 // call it once, before RunOnce.
 func (t *Tierer) SetRoot(root, stateDir string) {
 	t.cfg.Root, t.cfg.StateDir = root, stateDir
-	t.up = &chunkxfer.Uploader{Store: t.cfg.Store, JournalDir: filepath.Join(stateDir, "journal"), ChunkSize: t.cfg.ChunkSize, BlockSize: t.cfg.BlockSize, Parallel: 4, Log: t.cfg.Log, Broker: t.BrokerID}
+	t.uploads = t.cfg.Store
+	if d, ok := t.cfg.Store.(deferrer); ok {
+		t.uploads = d.Deferred()
+	}
+	t.up = &chunkxfer.Uploader{Store: t.uploads, JournalDir: filepath.Join(stateDir, "journal"), ChunkSize: t.cfg.ChunkSize, BlockSize: t.cfg.BlockSize, Parallel: 4, Log: t.cfg.Log, Broker: t.BrokerID}
 	if t.cfg.ShipRate > 0 {
 		t.up.Limit = rate.NewLimiter(rate.Limit(t.cfg.ShipRate), int(min(t.cfg.ShipRate, 1<<20)))
 	}

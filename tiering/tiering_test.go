@@ -507,6 +507,28 @@ func TestShipBatchLocalState(t *testing.T) {
 	}
 }
 
+// On the dir store a segment's objects are put without a directory sync
+// each: the partition's index put makes their names durable, so nothing
+// is left unsynced once a pass has shipped.
+func TestShipDirStoreSyncsAtTheIndex(t *testing.T) {
+	root := filepath.Join(t.TempDir(), "kafka-logs")
+	if _, err := (kafkatest.LogDir{Topic: "s", Partitions: 2, Segments: 4, Batches: 1, Records: 8, ValueSize: 450, Age: time.Hour}).Write(root); err != nil {
+		t.Fatal(err)
+	}
+	d, err := store.NewDir(filepath.Join(t.TempDir(), "remote"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	tr := newTierer(t, root, d, 1<<40)
+	tr.cfg.Policy.ShipAfter = 0
+	if rep := tr.RunOnce(context.Background()); len(rep.Errors) > 0 || rep.Shipped != 6 {
+		t.Fatalf("pass: %+v", rep)
+	}
+	if u := d.Unsynced(); len(u) != 0 {
+		t.Fatalf("directories left unsynced after the pass: %v", u)
+	}
+}
+
 // scanSegments are the .log files under root, in offset order.
 func scanSegments(t *testing.T, root string) []string {
 	t.Helper()

@@ -13,6 +13,7 @@ import (
 	"slices"
 	"strconv"
 	"strings"
+	"sync"
 	"syscall"
 	"time"
 
@@ -28,8 +29,26 @@ import (
 //
 // Unlike S3, a key cannot be both an object and a prefix of another
 // ("a" and "a/b"); such a Put fails.
+//
+// A Put returns once the object and its name are durable (its directory
+// synced), except through a view from Deferred: there the object's
+// bytes are durable when Put returns and its name once the store's next
+// conditional put (PutIf, of any view) or Flush returns.
 type Dir struct {
-	root string
+	root     string
+	deferred bool         // a view from Deferred
+	pending  *pendingDirs // shared by every view
+	// syncDir makes a directory's entries durable (syncPath; tests
+	// count the calls).
+	syncDir func(dir string) error
+}
+
+// pendingDirs are directories in which deferred puts named objects
+// since they were last synced.
+type pendingDirs struct {
+	flushing sync.Mutex // held while a Flush syncs them
+	mu       sync.Mutex
+	dirs     map[string]struct{} // GUARDED_BY(mu)
 }
 
 // dirReserved holds temporary files and uploads; no key may start with it.
@@ -44,7 +63,68 @@ func NewDir(root string) (*Dir, error) {
 		return nil, err
 	}
 	removeStaleTemps(filepath.Join(root, dirReserved), time.Now().Add(-time.Hour))
-	return &Dir{root: root}, nil
+	return &Dir{root: root, pending: &pendingDirs{dirs: map[string]struct{}{}}, syncDir: syncPath}, nil
+}
+
+// Deferred is a view of the store whose puts do not wait for the
+// directory they name an object in to be synced: the directory is
+// synced by the store's next conditional put or Flush, before either
+// does anything else. A shipper puts a segment's objects through it and
+// then the partition's index with PutIf: every object the index names
+// is durable before the index is, with one sync of each directory for
+// all of them instead of one for each object.
+func (d *Dir) Deferred() Store {
+	v := *d
+	v.deferred = true
+	return &v
+}
+
+// Flush makes the names of every deferred put so far durable. A
+// directory removed since is skipped: nothing in it is named any more.
+func (d *Dir) Flush(ctx context.Context) error {
+	pd := d.pending
+	pd.flushing.Lock()
+	defer pd.flushing.Unlock()
+	pd.mu.Lock()
+	dirs := pd.dirs
+	pd.dirs = map[string]struct{}{}
+	pd.mu.Unlock()
+	for dir := range dirs {
+		if err := d.syncDir(dir); err != nil && !errors.Is(err, fs.ErrNotExist) {
+			pd.mu.Lock()
+			for dir := range dirs {
+				pd.dirs[dir] = struct{}{}
+			}
+			pd.mu.Unlock()
+			return err
+		}
+	}
+	return nil
+}
+
+// Unsynced are the directories whose deferred puts' names are not yet
+// durable, sorted.
+func (d *Dir) Unsynced() []string {
+	d.pending.mu.Lock()
+	defer d.pending.mu.Unlock()
+	out := make([]string, 0, len(d.pending.dirs))
+	for dir := range d.pending.dirs {
+		out = append(out, dir)
+	}
+	slices.Sort(out)
+	return out
+}
+
+// named makes the name of an object just put in dir durable, or leaves
+// it to the next Flush on a deferred view.
+func (d *Dir) named(dir string) error {
+	if !d.deferred {
+		return d.syncDir(dir)
+	}
+	d.pending.mu.Lock()
+	d.pending.dirs[dir] = struct{}{}
+	d.pending.mu.Unlock()
+	return nil
 }
 
 // removeStaleTemps drops temporary files and upload directories that a
@@ -182,8 +262,10 @@ func copyExactly(f *os.File, r io.Reader, size int64) error {
 	return nil
 }
 
-// install renames a synced temporary file to key's path.
-func (d *Dir) install(tmp, key, p string) (ObjectInfo, error) {
+// install renames a synced temporary file to key's path. The name is
+// durable when it returns if now (a conditional put: it commits), else
+// as named says.
+func (d *Dir) install(tmp, key, p string, now bool) (ObjectInfo, error) {
 	if err := os.MkdirAll(filepath.Dir(p), 0o755); err != nil {
 		os.Remove(tmp)
 		return ObjectInfo{}, fmt.Errorf("put %s: %w", key, err)
@@ -192,7 +274,11 @@ func (d *Dir) install(tmp, key, p string) (ObjectInfo, error) {
 		os.Remove(tmp)
 		return ObjectInfo{}, fmt.Errorf("put %s: %w", key, err)
 	}
-	if err := syncPath(filepath.Dir(p)); err != nil {
+	sync := d.named
+	if now {
+		sync = d.syncDir
+	}
+	if err := sync(filepath.Dir(p)); err != nil {
 		return ObjectInfo{}, err
 	}
 	fi, err := os.Stat(p)
@@ -213,6 +299,11 @@ func (d *Dir) Put(ctx context.Context, key string, body io.ReadSeeker, size int6
 func (d *Dir) PutIf(ctx context.Context, key string, body io.ReadSeeker, size int64, cond PutCond) (ObjectInfo, error) {
 	if err := cond.check(key); err != nil {
 		return ObjectInfo{}, err
+	}
+	// A conditional put commits what earlier puts wrote (a partition's
+	// index names its objects): their names are made durable first.
+	if err := d.Flush(ctx); err != nil {
+		return ObjectInfo{}, fmt.Errorf("put %s: %w", key, err)
 	}
 	return d.put(key, body, size, &cond)
 }
@@ -242,7 +333,7 @@ func (d *Dir) put(key string, body io.ReadSeeker, size int64, cond *PutCond) (Ob
 		}
 		defer unlock()
 	}
-	return d.install(tmp, key, p)
+	return d.install(tmp, key, p, cond != nil)
 }
 
 // putNew writes a new object as an unnamed file in its own directory
@@ -279,7 +370,7 @@ func (d *Dir) putNew(key, p string, body io.ReadSeeker, size int64) (info Object
 	if err != nil {
 		return ObjectInfo{}, false, nil // there already (replaced by a rename), or no /proc
 	}
-	if err := syncPath(dir); err != nil {
+	if err := d.named(dir); err != nil {
 		return ObjectInfo{}, true, err
 	}
 	fi, err := f.Stat()
@@ -525,7 +616,7 @@ func (d *Dir) CompleteMultipart(ctx context.Context, key, id string, parts []Par
 	if err != nil {
 		return ObjectInfo{}, fmt.Errorf("complete %s: %w", key, err)
 	}
-	info, err := d.install(tmp, key, p)
+	info, err := d.install(tmp, key, p, false)
 	if err != nil {
 		return ObjectInfo{}, err
 	}

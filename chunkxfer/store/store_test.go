@@ -28,6 +28,17 @@ func TestDir(t *testing.T) {
 	})
 }
 
+// A deferred view of the dir store is a store like any other.
+func TestDirDeferred(t *testing.T) {
+	storetest.Run(t, func(t *testing.T) store.Store {
+		d, err := store.NewDir(filepath.Join(t.TempDir(), "remote"))
+		if err != nil {
+			t.Fatal(err)
+		}
+		return d.Deferred()
+	})
+}
+
 func TestS3(t *testing.T) {
 	srv := s3test.StartT(t)
 	var n atomic.Int32
