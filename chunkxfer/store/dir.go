@@ -274,11 +274,11 @@ func (d *Dir) install(tmp, key, p string, now bool) (ObjectInfo, error) {
 		os.Remove(tmp)
 		return ObjectInfo{}, fmt.Errorf("put %s: %w", key, err)
 	}
-	sync := d.named
+	durable := d.named
 	if now {
-		sync = d.syncDir
+		durable = d.syncDir
 	}
-	if err := sync(filepath.Dir(p)); err != nil {
+	if err := durable(filepath.Dir(p)); err != nil {
 		return ObjectInfo{}, err
 	}
 	fi, err := os.Stat(p)
