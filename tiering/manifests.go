@@ -107,15 +107,7 @@ func (mc *manifestCopies) get(key string) (*chunkxfer.Manifest, error) {
 
 // put keeps a copy of m (appended and synced).
 func (mc *manifestCopies) put(m *chunkxfer.Manifest) error {
-	b, err := json.Marshal(m)
-	if err != nil {
-		return err
-	}
-	l, err := mc.logOf(m.Key)
-	if err != nil {
-		return err
-	}
-	return l.Put(m.Key, b)
+	return mc.putAll([]*chunkxfer.Manifest{m})
 }
 
 // putAll keeps copies of ms, which are objects of one partition: one

@@ -661,25 +661,15 @@ func (sp *shipper) finish(ctx context.Context, c *shipCommit, indexed error) err
 	case indexed != nil:
 		return indexed
 	}
-	if err := sp.t.manifests.put(c.m); err != nil {
-		return err
-	}
-	sh, err := sp.recordShipped(c)
-	if err != nil {
-		return err
-	}
-	if err := sp.t.shipments.put(sh); err != nil {
-		return err
-	}
-	sp.noteShipped(c)
-	return nil
+	return sp.finishAll([]*shipCommit{c})[0]
 }
 
-// finishAll is finish for segments of one partition whose entries the
-// store's index holds, in offset order. Each segment takes finish's
-// steps in finish's order, and each step is taken for all of them at
-// once where it can: their manifest copies are one append (and sync) of
-// the partition's manifest log, their shipments one of its shipment log.
+// finishAll marks segments of one partition whose entries the store's
+// index holds (in offset order) shipped, as finish does one. Each
+// segment takes the steps in finish's order, and each step is taken for
+// all of them at once where it can: their manifest copies are one
+// append (and sync) of the partition's manifest log, their shipments one
+// of its shipment log.
 func (sp *shipper) finishAll(cs []*shipCommit) []error {
 	errs := make([]error, len(cs))
 	ms := make([]*chunkxfer.Manifest, len(cs))

@@ -154,33 +154,7 @@ func (c *shipmentCatalog) has(partition, key string) bool {
 }
 
 // put writes s (appended and synced) and keeps it.
-func (c *shipmentCatalog) put(s Shipment) error {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	if err := c.loadLocked(); err != nil {
-		return err
-	}
-	s.Version = 1
-	b, err := encodeShipment(s)
-	if err != nil {
-		return err
-	}
-	l := c.logs[s.Partition]
-	if l == nil {
-		if l, err = c.openLog(s.Partition); err != nil {
-			return err
-		}
-		c.logs[s.Partition] = l
-	}
-	if err := l.Put(s.Key, b); err != nil {
-		return err
-	}
-	if c.byPart[s.Partition] == nil {
-		c.byPart[s.Partition] = map[string]keptShipment{}
-	}
-	c.byPart[s.Partition][s.Key] = c.keptLocked(s)
-	return nil
-}
+func (c *shipmentCatalog) put(s Shipment) error { return c.putAll([]Shipment{s}) }
 
 // putAll writes ss, shipments of one partition (one append and sync for
 // all of them), and keeps them.

@@ -87,17 +87,6 @@ func (ln line) puts() []line {
 	return []line{ln}
 }
 
-// find is key's value in a line (the last of a batch's that names it).
-func (ln line) find(key string) (json.RawMessage, bool) {
-	ps := ln.puts()
-	for i := len(ps) - 1; i >= 0; i-- {
-		if ps[i].K == key {
-			return ps[i].V, true
-		}
-	}
-	return nil, false
-}
-
 // Entry is one key and value of PutAll.
 type Entry struct {
 	Key string
@@ -331,11 +320,10 @@ func (l *Log) valueAt(b []byte, key string, sp span, check bool) ([]byte, error)
 		if err != nil {
 			return nil, bad(err.Error())
 		}
-		v, ok := ln.find(key)
-		if !ok {
+		if ln.K != key {
 			return nil, bad("the line does not hold " + key)
 		}
-		return v, nil
+		return ln.V, nil
 	}
 	if check {
 		if _, err := crcline.Body(b); err != nil {
