@@ -351,18 +351,27 @@ func recordKey(t *testing.T, path string) string {
 	return rec.Key
 }
 
+// tinySegments writes a log dir of topic "s": partitions of segments
+// one-batch segments each (the last one active), and a tierer over s
+// that ships them in its next pass.
+func tinySegments(t *testing.T, s store.Store, partitions, segments int) (root string, tr *Tierer) {
+	t.Helper()
+	root = filepath.Join(t.TempDir(), "kafka-logs")
+	if _, err := (kafkatest.LogDir{Topic: "s", Partitions: partitions, Segments: segments, Batches: 1, Records: 8, ValueSize: 450, Age: time.Hour}).Write(root); err != nil {
+		t.Fatal(err)
+	}
+	tr = newTierer(t, root, s, 1<<40)
+	tr.cfg.Policy.ShipAfter = 0
+	return root, tr
+}
+
 // What shipping a small segment asks of the store, per segment: its
 // objects are put once each, and the only read is the check of the
 // uploaded copy (a shipment catalogued just now has nothing in the store
 // to look for first).
 func TestShipRequestsPerSegment(t *testing.T) {
-	root := filepath.Join(t.TempDir(), "kafka-logs")
-	if _, err := (kafkatest.LogDir{Topic: "s", Partitions: 1, Segments: 11, Batches: 1, Records: 8, ValueSize: 450, Age: time.Hour, Repeat: true}).Write(root); err != nil {
-		t.Fatal(err)
-	}
 	s := store.NewMem(nil)
-	tr := newTierer(t, root, s, 1<<40)
-	tr.cfg.Policy.ShipAfter = 0
+	_, tr := tinySegments(t, s, 1, 11)
 	rep := tr.RunOnce(context.Background())
 	if len(rep.Errors) > 0 || rep.Shipped != 10 {
 		t.Fatalf("pass: %+v", rep)
@@ -413,13 +422,8 @@ func TestShipBatchCommit(t *testing.T) {
 		{"failure", errors.New("injected"), 2},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			root := filepath.Join(t.TempDir(), "kafka-logs")
-			if _, err := (kafkatest.LogDir{Topic: "s", Partitions: 1, Segments: 11, Batches: 1, Records: 8, ValueSize: 450, Age: time.Hour}).Write(root); err != nil {
-				t.Fatal(err)
-			}
 			s := store.NewMem(nil)
-			tr := newTierer(t, root, s, 1<<40)
-			tr.cfg.Policy.ShipAfter = 0
+			root, tr := tinySegments(t, s, 1, 11)
 			s.Inject(store.Fault{Op: store.OpPut, KeyPrefix: "s-0/" + idx.FileName, Times: 1, Err: tc.err})
 			rep := tr.RunOnce(context.Background())
 			if tc.passes == 1 {
@@ -467,13 +471,8 @@ func TestShipBatchCommit(t *testing.T) {
 // shipments as shipped in one line (after one line each that catalogued
 // it before its upload), and a tierer that starts again reads them all.
 func TestShipBatchLocalState(t *testing.T) {
-	root := filepath.Join(t.TempDir(), "kafka-logs")
-	if _, err := (kafkatest.LogDir{Topic: "s", Partitions: 1, Segments: 11, Batches: 1, Records: 8, ValueSize: 450, Age: time.Hour}).Write(root); err != nil {
-		t.Fatal(err)
-	}
 	s := store.NewMem(nil)
-	tr := newTierer(t, root, s, 1<<40)
-	tr.cfg.Policy.ShipAfter = 0
+	root, tr := tinySegments(t, s, 1, 11)
 	if rep := tr.RunOnce(context.Background()); len(rep.Errors) > 0 || rep.Shipped != 10 {
 		t.Fatalf("pass: %+v", rep)
 	}
@@ -511,16 +510,11 @@ func TestShipBatchLocalState(t *testing.T) {
 // each: the partition's index put makes their names durable, so nothing
 // is left unsynced once a pass has shipped.
 func TestShipDirStoreSyncsAtTheIndex(t *testing.T) {
-	root := filepath.Join(t.TempDir(), "kafka-logs")
-	if _, err := (kafkatest.LogDir{Topic: "s", Partitions: 2, Segments: 4, Batches: 1, Records: 8, ValueSize: 450, Age: time.Hour}).Write(root); err != nil {
-		t.Fatal(err)
-	}
 	d, err := store.NewDir(filepath.Join(t.TempDir(), "remote"))
 	if err != nil {
 		t.Fatal(err)
 	}
-	tr := newTierer(t, root, d, 1<<40)
-	tr.cfg.Policy.ShipAfter = 0
+	_, tr := tinySegments(t, d, 2, 4)
 	if rep := tr.RunOnce(context.Background()); len(rep.Errors) > 0 || rep.Shipped != 6 {
 		t.Fatalf("pass: %+v", rep)
 	}
