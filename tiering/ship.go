@@ -531,6 +531,11 @@ func (sp *shipper) uploadRest(ctx context.Context, c *shipCommit, batches []idx.
 			})
 		}
 	}
+	mem := sp.t.uploadMemory(st.Size - from)
+	if err := sp.t.upMem.Acquire(ctx, mem); err != nil {
+		return err
+	}
+	defer sp.t.upMem.Release(mem)
 	return all(puts)
 }
 

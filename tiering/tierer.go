@@ -14,6 +14,7 @@ import (
 	"syscall"
 	"time"
 
+	"golang.org/x/sync/semaphore"
 	"golang.org/x/time/rate"
 
 	"github.com/tierfs/tierfs/chunkxfer"
@@ -45,9 +46,15 @@ type Config struct {
 	// ReadAheadChunks is how many chunks of an evicted file are fetched
 	// ahead of a sequential reader (default 4; negative: none).
 	ReadAheadChunks int
-	Concurrency     int   // segments shipped at once (default 2)
-	ShipRate        int64 // bytes per second of all uploads together (0: no limit)
-	ChunkSize       int64 // transfer chunk size (default chunkxfer's)
+	// Concurrency is how many segments of a chunk or more upload at
+	// once (default 2). Smaller segments are bound by their latency, not
+	// their bytes: up to partitionsPerUpload times as many partitions
+	// ship at once, within the memory that many large uploads would take
+	// (uploadMemory).
+	Concurrency int
+
+	ShipRate  int64 // bytes per second of all uploads together (0: no limit)
+	ChunkSize int64 // transfer chunk size (default chunkxfer's)
 	// BlockSize is the block a first read of an evicted file fetches
 	// alone (chunkxfer.Uploader.BlockSize: 0 its default, negative none).
 	BlockSize int64
@@ -116,8 +123,9 @@ type Tierer struct {
 	cfg       Config
 	ready     chan struct{} // closed once Root and StateDir are known
 	up        *chunkxfer.Uploader
-	uploads   store.Store // where a shipment's objects are put: cfg.Store or its deferred view (deferrer)
-	mu        sync.Mutex  // guards cfg.BrokerID, learnt late
+	upMem     *semaphore.Weighted // the bytes uploads hold in memory (uploadMemory)
+	uploads   store.Store         // where a shipment's objects are put: cfg.Store or its deferred view (deferrer)
+	mu        sync.Mutex          // guards cfg.BrokerID, learnt late
 	indexes   *partIndexes
 	batches   batchLists
 	status    *partStatus
@@ -269,6 +277,37 @@ func New(cfg Config) (*Tierer, error) {
 	return t, nil
 }
 
+// uploadParallel is how many parts of one multipart upload go up at
+// once, each read into a chunk-sized buffer of its own.
+const uploadParallel = 4
+
+// partitionsPerUpload is how many partitions ship at once per large
+// upload allowed (Config.Concurrency). A small segment's shipment is a
+// handful of puts, each a request (on a directory store, a sync) whose
+// latency, not its bytes, is its cost: more of them in flight at once is
+// what makes them ship faster, and on a journalled file system the
+// syncs of concurrent puts share journal commits.
+const partitionsPerUpload = 4
+
+// uploadCap is the most one segment's upload holds in memory: its part
+// buffers, or the whole of a segment smaller than a chunk.
+func (t *Tierer) uploadCap() int64 { return uploadParallel * t.cfg.ChunkSize }
+
+// uploadMemory is what uploading n bytes of a .log holds in memory: a
+// put of less than a chunk reads it whole, a multipart upload reads up to
+// uploadParallel chunks at once. Uploads together hold at most
+// Concurrency times uploadCap, as many large uploads at once would: a
+// pass ships small segments of more partitions at once, never more
+// memory. (A segment's trimmed .index and .timeindex, put alongside, are
+// a few hundredths of its bytes.)
+func (t *Tierer) uploadMemory(n int64) int64 {
+	chunk := t.cfg.ChunkSize
+	if n < chunk {
+		return max(n, 1)
+	}
+	return min((n+chunk-1)/chunk, uploadParallel) * chunk
+}
+
 // deferrer is a store that can put objects whose names become durable
 // at its next conditional put instead of before each put returns
 // (store.Dir: one directory sync for a segment's objects, not one each).
@@ -287,7 +326,8 @@ func (t *Tierer) SetRoot(root, stateDir string) {
 	if d, ok := t.cfg.Store.(deferrer); ok {
 		t.uploads = d.Deferred()
 	}
-	t.up = &chunkxfer.Uploader{Store: t.uploads, JournalDir: filepath.Join(stateDir, "journal"), ChunkSize: t.cfg.ChunkSize, BlockSize: t.cfg.BlockSize, Parallel: 4, Log: t.cfg.Log, Broker: t.BrokerID}
+	t.up = &chunkxfer.Uploader{Store: t.uploads, JournalDir: filepath.Join(stateDir, "journal"), ChunkSize: t.cfg.ChunkSize, BlockSize: t.cfg.BlockSize, Parallel: uploadParallel, Log: t.cfg.Log, Broker: t.BrokerID}
+	t.upMem = semaphore.NewWeighted(int64(t.cfg.Concurrency) * t.uploadCap())
 	if t.cfg.ShipRate > 0 {
 		t.up.Limit = rate.NewLimiter(rate.Limit(t.cfg.ShipRate), int(min(t.cfg.ShipRate, 1<<20)))
 	}
@@ -384,7 +424,7 @@ func (t *Tierer) RunOnce(ctx context.Context) Report {
 	var unsure map[string]bool
 	rep.Deleted, rep.Errors, unsure = t.deleter.followDeletions(ctx, segs, settledNow)
 	var mu sync.Mutex
-	sem := make(chan struct{}, t.cfg.Concurrency)
+	sem := make(chan struct{}, t.cfg.Concurrency*partitionsPerUpload)
 	var wg sync.WaitGroup
 	// Partitions ship in parallel; the segments of one partition in
 	// offset order, stopping at the first that cannot ship, because the

@@ -45,7 +45,7 @@ func cmdMount() *cli.Command {
 			&cli.StringFlag{Name: "local-retention-bytes", Value: "0", Usage: "keep at most this much of segments local per partition (e.g. 50GiB), freeing the oldest shipped first (0: no limit)", EnvVars: []string{"TIERFS_LOCAL_RETENTION_BYTES"}},
 			&cli.StringFlag{Name: "ship-rate", Usage: "bytes per second for all uploads together, e.g. 50MiB (0: no limit)", Value: "0", EnvVars: []string{"TIERFS_SHIP_RATE"}},
 			&cli.StringFlag{Name: "local-retention-total-bytes", Value: "0", Usage: "keep at most this much of segments local in all partitions together (e.g. 800GiB), freeing the oldest shipped anywhere first (0: no limit)", EnvVars: []string{"TIERFS_LOCAL_RETENTION_TOTAL_BYTES"}},
-			&cli.IntFlag{Name: "ship-concurrency", Value: 2, Usage: "segments shipped at once", EnvVars: []string{"TIERFS_SHIP_CONCURRENCY"}},
+			&cli.IntFlag{Name: "ship-concurrency", Value: 2, Usage: "segments of a chunk (8 MiB) or more uploaded at once; smaller segments ship from up to 4 times as many partitions at once, in no more memory", EnvVars: []string{"TIERFS_SHIP_CONCURRENCY"}},
 			&cli.DurationFlag{Name: "tier-interval", Value: 30 * time.Second, Usage: "how often the tierer looks for work", EnvVars: []string{"TIERFS_TIER_INTERVAL"}},
 			&cli.DurationFlag{Name: "rescan-interval", Value: 10 * time.Minute, Usage: "how often a pass looks at every partition, changed or not; in between it looks only at partitions whose directory changed or that wait for something (0: at every pass)", EnvVars: []string{"TIERFS_RESCAN_INTERVAL"}},
 			&cli.IntFlag{Name: "remote-read-ahead", Value: 4, Usage: "chunks of an evicted segment fetched ahead of a sequential reader (0: none)", EnvVars: []string{"TIERFS_REMOTE_READ_AHEAD"}},
