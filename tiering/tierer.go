@@ -293,19 +293,19 @@ const partitionsPerUpload = 4
 // buffers, or the whole of a segment smaller than a chunk.
 func (t *Tierer) uploadCap() int64 { return uploadParallel * t.cfg.ChunkSize }
 
-// uploadMemory is what uploading n bytes of a .log holds in memory: a
-// put of less than a chunk reads it whole, a multipart upload reads up to
-// uploadParallel chunks at once. Uploads together hold at most
-// Concurrency times uploadCap, as many large uploads at once would: a
-// pass ships small segments of more partitions at once, never more
-// memory. (A segment's trimmed .index and .timeindex, put alongside, are
-// a few hundredths of its bytes.)
+// uploadMemory is what uploading n bytes of a .log takes of the uploads'
+// memory, which is Concurrency times uploadCap: a put of less than a
+// chunk reads it whole and takes its size, a multipart upload takes
+// uploadCap (it reads up to uploadParallel chunks at once). So segments
+// of a chunk or more upload at most Concurrency at once, and smaller
+// ones ship from more partitions at once, in no more memory. (A
+// segment's trimmed .index and .timeindex, put alongside, are a few
+// hundredths of its bytes.)
 func (t *Tierer) uploadMemory(n int64) int64 {
-	chunk := t.cfg.ChunkSize
-	if n < chunk {
+	if n < t.cfg.ChunkSize {
 		return max(n, 1)
 	}
-	return min((n+chunk-1)/chunk, uploadParallel) * chunk
+	return t.uploadCap()
 }
 
 // deferrer is a store that can put objects whose names become durable
