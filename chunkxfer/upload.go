@@ -131,6 +131,14 @@ func (u *Uploader) chunkSize() int64 {
 	return DefaultChunkSize
 }
 
+// OneRequest says whether an upload of n bytes is sent in one request,
+// read into memory whole (at most smallUpload and one chunk), rather than
+// as a multipart upload whose parts in flight (up to Parallel) each hold
+// a chunk-sized buffer. A resumed upload is multipart whatever its size.
+func (u *Uploader) OneRequest(n int64) bool {
+	return n <= min(smallUpload, u.chunkSize())
+}
+
 // partBuf is a buffer for parts of size bytes: one kept from an earlier
 // upload, or a new one. A kept buffer is not zeroed: uploadPart fills
 // every byte it sends (a ReadAt of the part's whole length, or an
@@ -260,7 +268,7 @@ func (u *Uploader) upload(ctx context.Context, path, key string, from int64, pro
 	if src.Size == from {
 		return u.putEmpty(ctx, key, src, from)
 	}
-	if src.Size-from <= min(smallUpload, u.chunkSize()) {
+	if u.OneRequest(src.Size - from) {
 		if _, err := os.Stat(journalPath(u.JournalDir, "upload", key)); errors.Is(err, os.ErrNotExist) {
 			return u.putSmall(ctx, f, path, key, src, from, progress)
 		}

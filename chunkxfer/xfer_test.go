@@ -776,3 +776,19 @@ func TestEmptyObjectOfAnOlderVersion(t *testing.T) {
 		t.Fatalf("its object gone, the manifest loads: %v", err)
 	}
 }
+
+// An upload goes in one request up to 1 MiB, and never past one chunk.
+func TestOneRequest(t *testing.T) {
+	for _, c := range []struct {
+		chunk, n int64
+		want     bool
+	}{
+		{8 << 20, 0, true}, {8 << 20, 1 << 20, true}, {8 << 20, 1<<20 + 1, false}, {8 << 20, 8 << 20, false},
+		{64 << 10, 64 << 10, true}, {64 << 10, 64<<10 + 1, false},
+	} {
+		u := &Uploader{ChunkSize: c.chunk}
+		if got := u.OneRequest(c.n); got != c.want {
+			t.Errorf("chunk %d: OneRequest(%d) = %v, want %v", c.chunk, c.n, got, c.want)
+		}
+	}
+}

@@ -46,9 +46,9 @@ type Config struct {
 	// ReadAheadChunks is how many chunks of an evicted file are fetched
 	// ahead of a sequential reader (default 4; negative: none).
 	ReadAheadChunks int
-	// Concurrency is how many segments of a chunk or more upload at
-	// once (default 2). Smaller segments are bound by their latency, not
-	// their bytes: up to partitionsPerUpload times as many partitions
+	// Concurrency is how many segments uploaded in parts (more than
+	// 1 MiB) upload at once (default 2). Smaller segments are bound by
+	// their latency, not their bytes: up to partitionsPerUpload times as many partitions
 	// ship at once, within the memory that many large uploads would take
 	// (uploadMemory).
 	Concurrency int
@@ -289,20 +289,20 @@ const uploadParallel = 4
 // syncs of concurrent puts share journal commits.
 const partitionsPerUpload = 4
 
-// uploadCap is the most one segment's upload holds in memory: its part
-// buffers, or the whole of a segment smaller than a chunk.
+// uploadCap is the most one segment's upload holds in memory: the part
+// buffers of a multipart upload.
 func (t *Tierer) uploadCap() int64 { return uploadParallel * t.cfg.ChunkSize }
 
 // uploadMemory is what uploading n bytes of a .log takes of the uploads'
-// memory, which is Concurrency times uploadCap: a put of less than a
-// chunk reads it whole and takes its size, a multipart upload takes
-// uploadCap (it reads up to uploadParallel chunks at once). So segments
-// of a chunk or more upload at most Concurrency at once, and smaller
-// ones ship from more partitions at once, in no more memory. (A
-// segment's trimmed .index and .timeindex, put alongside, are a few
-// hundredths of its bytes.)
+// memory, which is Concurrency times uploadCap: an upload sent in one
+// request (up to 1 MiB) reads it whole and takes its size, a multipart
+// upload takes uploadCap whatever its size (its parts in flight hold a
+// chunk each). So segments uploaded in parts go at most Concurrency at
+// once, and smaller ones ship from more partitions at once, in no more
+// memory. (A segment's trimmed .index and .timeindex, put alongside, are
+// a few hundredths of its bytes.)
 func (t *Tierer) uploadMemory(n int64) int64 {
-	if n < t.cfg.ChunkSize {
+	if t.up.OneRequest(n) {
 		return max(n, 1)
 	}
 	return t.uploadCap()

@@ -9,6 +9,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/tierfs/tierfs/chunkxfer"
 	"github.com/tierfs/tierfs/chunkxfer/store"
 	"github.com/tierfs/tierfs/idx/kafka/kafkatest"
 )
@@ -97,10 +98,10 @@ func TestShipConcurrencySmallAndLarge(t *testing.T) {
 }
 
 func TestUploadMemory(t *testing.T) {
-	tr := &Tierer{cfg: Config{ChunkSize: 8 << 20}}
+	tr := &Tierer{cfg: Config{ChunkSize: 8 << 20}, up: &chunkxfer.Uploader{ChunkSize: 8 << 20}}
 	for _, c := range []struct{ n, want int64 }{
-		{0, 1}, {4096, 4096}, {8<<20 - 1, 8<<20 - 1},
-		{8 << 20, 32 << 20}, {20 << 20, 32 << 20}, {1 << 30, 32 << 20},
+		{0, 1}, {4096, 4096}, {1 << 20, 1 << 20}, // one request: its bytes
+		{1<<20 + 1, 32 << 20}, {8 << 20, 32 << 20}, {20 << 20, 32 << 20}, {1 << 30, 32 << 20}, // in parts: a whole share
 	} {
 		if got := tr.uploadMemory(c.n); got != c.want {
 			t.Errorf("uploadMemory(%d) = %d, want %d", c.n, got, c.want)
