@@ -247,6 +247,34 @@ func encodeLine(ln line, what string) ([]byte, error) {
 	if err != nil {
 		return nil, err
 	}
+	return frame(j, what)
+}
+
+// encodeBatch frames the batch line of ps, and says where each put is in
+// it ([lo, hi) from the line's start, as decodePuts finds them): the
+// JSON json.Marshal makes of line{B: ps}, put by put.
+func encodeBatch(ps []line, what string) ([]byte, [][2]int32, error) {
+	j := []byte(`{"b":[`)
+	puts := make([][2]int32, len(ps))
+	for i, p := range ps {
+		if i > 0 {
+			j = append(j, ',')
+		}
+		pj, err := json.Marshal(p)
+		if err != nil {
+			return nil, nil, err
+		}
+		lo := crcline.Prefix + len(j)
+		j = append(j, pj...)
+		puts[i] = [2]int32{int32(lo), int32(crcline.Prefix + len(j))}
+	}
+	b, err := frame(append(j, "]}"...), what)
+	return b, puts, err
+}
+
+// frame is the line of body j, checksum and newline included; what names
+// it in an error.
+func frame(j []byte, what string) ([]byte, error) {
 	out := crcline.Append(make([]byte, 0, len(j)+crcline.Prefix+1), j)
 	if len(out)-1 > MaxLine {
 		return nil, fmt.Errorf("keylog: a line of %d bytes for %s, more than %d", len(out), what, MaxLine)
@@ -423,14 +451,19 @@ func (l *Log) PutAll(es []Entry) error {
 			}
 			ln.B = append(ln.B, line{K: es[n].Key, V: es[n].Val})
 		}
+		var b []byte
+		var puts [][2]int32
+		var err error
 		if n == 1 {
 			ln = ln.B[0]
+			b, err = encodeLine(ln, ln.K)
+		} else {
+			b, puts, err = encodeBatch(ln.B, es[0].Key)
 		}
-		b, err := encodeLine(ln, es[0].Key)
 		if err != nil {
 			return err
 		}
-		if err := l.writeLine(ln, b); err != nil {
+		if err := l.writeLine(ln, puts, b); err != nil {
 			return err
 		}
 		es = es[n:]
@@ -444,11 +477,12 @@ func (l *Log) write(key string, val []byte) error {
 	if err != nil {
 		return err
 	}
-	return l.writeLine(ln, b)
+	return l.writeLine(ln, nil, b)
 }
 
-// writeLine appends ln, encoded as b, and syncs it.
-func (l *Log) writeLine(ln line, b []byte) error {
+// writeLine appends ln, encoded as b, and syncs it; puts are where a
+// batch line's puts are in b (encodeBatch).
+func (l *Log) writeLine(ln line, puts [][2]int32, b []byte) error {
 	key, val := ln.K, ln.V
 	l.mu.Lock()
 	defer l.mu.Unlock()
@@ -491,12 +525,6 @@ func (l *Log) writeLine(ln line, b []byte) error {
 		}
 	}
 	n := int64(len(b))
-	var puts [][2]int32
-	if ln.B != nil {
-		if _, puts, err = decodePuts(b[:len(b)-1]); err != nil {
-			return err
-		}
-	}
 	l.apply(ln, puts, l.size, n)
 	l.size += n
 	if dead := l.size - l.live; dead >= compactAt && dead > l.live {

@@ -1,10 +1,13 @@
 package keylog
 
 import (
+	"bytes"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"os"
 	"path/filepath"
+	"reflect"
 	"strings"
 	"testing"
 )
@@ -272,4 +275,32 @@ func FuzzParse(f *testing.F) {
 			t.Fatalf("round trip: %v, %d of %d keys", err, len(got), len(keys))
 		}
 	})
+}
+
+// A batch line is the line json.Marshal makes of it, and the places of
+// its puts are those decodePuts finds when it is read back.
+func TestEncodeBatch(t *testing.T) {
+	ps := []line{
+		{K: "a", V: json.RawMessage(`{"x":1}`)},
+		{K: "b\"<q>", V: json.RawMessage(`"s,]}"`)},
+		{K: "c", V: json.RawMessage(`[1, 2]`)},
+	}
+	b, puts, err := encodeBatch(ps, "a")
+	if err != nil {
+		t.Fatal(err)
+	}
+	want, err := encodeLine(line{B: ps}, "a")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !bytes.Equal(b, want) {
+		t.Fatalf("encodeBatch:\n%s\njson.Marshal:\n%s", b, want)
+	}
+	_, got, err := decodePuts(b[:len(b)-1])
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !reflect.DeepEqual(puts, got) {
+		t.Fatalf("puts at %v, decodePuts finds them at %v", puts, got)
+	}
 }
