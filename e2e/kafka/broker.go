@@ -101,6 +101,12 @@ type Broker struct {
 // meanwhile no outgoing connection (of this test, of tests beside it, or
 // a client dialling this very port, which the kernel could connect to
 // itself) takes it as its local port.
+//
+// The port is also reserved until this process exits, by an flock on a
+// file named after it (see reservePort), so that no other FreePort, in
+// this process or in another test binary running beside it, hands it out
+// again: a broker that stops and restarts on its port leaves it unbound
+// for seconds, and two runs of go test share this range.
 func FreePort() (int, error) {
 	lo := 32768
 	if b, err := os.ReadFile("/proc/sys/net/ipv4/ip_local_port_range"); err == nil {
@@ -112,6 +118,9 @@ func FreePort() (int, error) {
 	}
 	for range 200 {
 		port := 10000 + mathrand.IntN(lo-10000)
+		if !reservePort(port) {
+			continue
+		}
 		l, err := net.Listen("tcp", fmt.Sprintf("127.0.0.1:%d", port))
 		if err != nil {
 			continue
@@ -120,6 +129,29 @@ func FreePort() (int, error) {
 		return port, nil
 	}
 	return 0, errors.New("no free port below the ephemeral range")
+}
+
+// reservePort takes an exclusive flock on $TMPDIR/tierfs-test-ports/PORT
+// and keeps it, its descriptor left open, until the process exits; it
+// says false when another FreePort holds it. flock locks belong to the
+// open file, so a second reservation in the same process fails too. A
+// directory it cannot use reserves nothing and says true.
+func reservePort(port int) bool {
+	dir := filepath.Join(os.TempDir(), "tierfs-test-ports")
+	if err := os.MkdirAll(dir, 0o777); err != nil {
+		return true
+	}
+	// A raw descriptor: an *os.File would be closed, and the lock
+	// dropped, when the collector finds it unreachable.
+	fd, err := syscall.Open(filepath.Join(dir, strconv.Itoa(port)), syscall.O_CREAT|syscall.O_RDONLY|syscall.O_CLOEXEC, 0o666)
+	if err != nil {
+		return true
+	}
+	if err := syscall.Flock(fd, syscall.LOCK_EX|syscall.LOCK_NB); err != nil {
+		syscall.Close(fd)
+		return !errors.Is(err, syscall.EWOULDBLOCK)
+	}
+	return true // fd stays open: the lock lasts as long as the process
 }
 
 // Defaults are the server.properties every test broker gets: small
@@ -375,10 +407,31 @@ func (br *Broker) Restart() error {
 	case <-started:
 		return nil
 	case <-done:
-		return fmt.Errorf("broker exited during start:\n%s", br.Log())
+		return fmt.Errorf("broker exited during start (%v)%s", cmd.ProcessState, br.startFailure())
 	case <-time.After(90 * time.Second):
-		return fmt.Errorf("broker not started after 90s:\n%s", br.Log())
+		return fmt.Errorf("broker not started after 90s%s", br.startFailure())
 	}
+}
+
+// startFailure says why a start failed, cause first: the error lines of
+// this start, then the last lines it logged, then the whole log (a CI log
+// that keeps only its head and tail still shows the cause).
+func (br *Broker) startFailure() string {
+	br.mu.Lock()
+	log := br.log.String()[br.started:]
+	br.mu.Unlock()
+	lines := strings.Split(strings.TrimRight(log, "\n"), "\n")
+	var b strings.Builder
+	b.WriteString("; errors logged:\n")
+	for _, p := range br.Problems() {
+		b.WriteString(p + "\n")
+	}
+	b.WriteString("the last lines logged:\n")
+	for _, l := range lines[max(0, len(lines)-15):] {
+		b.WriteString(l + "\n")
+	}
+	b.WriteString("the whole log:\n" + log)
+	return b.String()
 }
 
 // CPUSeconds is the CPU time the running broker process has used.
