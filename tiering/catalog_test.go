@@ -10,6 +10,7 @@ import (
 	"os"
 	"path/filepath"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -527,5 +528,75 @@ func TestViewScanIsNeverSettled(t *testing.T) {
 	ps.settle("orders-0", true, time.Time{})
 	if _, scanned, _ := ps.scan(root, false, now); scanned["orders-0"] {
 		t.Fatal("a settled, unchanged partition was scanned again")
+	}
+}
+
+// While one partition's shipment write is under way (its sync can take
+// a journal commit), writes of other partitions and reads of any go on;
+// and writes and removals at once, of one partition and of several,
+// leave the catalog as a new one reads it back from disk.
+func TestShipmentCatalogWritesAtOnce(t *testing.T) {
+	dir := t.TempDir()
+	discard := slog.New(slog.DiscardHandler)
+	c := newShipmentCatalog(func() string { return dir }, discard)
+	sh := func(part string, i int) Shipment {
+		key := fmt.Sprintf("%s/%020d-1.log", part, i)
+		return Shipment{State: ShipmentShipping, Partition: part, Base: int64(i), Key: key, Objects: []string{key}}
+	}
+	if err := c.put(sh("a-0", 0)); err != nil {
+		t.Fatal(err)
+	}
+	_, unlock, err := c.writeLog("a-0", true) // a write of a-0 in progress
+	if err != nil {
+		t.Fatal(err)
+	}
+	done := make(chan error)
+	go func() {
+		err := c.put(sh("b-0", 0))
+		if err == nil && !c.has("a-0", sh("a-0", 0).Key) {
+			err = errors.New("a-0's shipment is not read")
+		}
+		done <- err
+	}()
+	select {
+	case err := <-done:
+		if err != nil {
+			t.Fatal(err)
+		}
+	case <-time.After(10 * time.Second):
+		t.Fatal("a write of b-0 waited for one of a-0")
+	}
+	unlock()
+
+	var wg sync.WaitGroup
+	for g := range 8 {
+		part := fmt.Sprintf("p-%d", g%3)
+		wg.Go(func() {
+			for i := range 40 {
+				s := sh(part, g*1000+i)
+				if err := c.put(s); err != nil {
+					t.Error(err)
+					return
+				}
+				if i%3 == 0 {
+					if err := c.remove(part, s.Key); err != nil {
+						t.Error(err)
+						return
+					}
+				}
+			}
+		})
+	}
+	wg.Wait()
+	kept, err := c.all()
+	if err != nil {
+		t.Fatal(err)
+	}
+	all, err := newShipmentCatalog(func() string { return dir }, discard).all()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(kept) != 2+8*26 || fmt.Sprint(all) != fmt.Sprint(kept) {
+		t.Fatalf("kept %d shipments, read back %d, or they differ", len(kept), len(all))
 	}
 }

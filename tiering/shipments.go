@@ -29,10 +29,15 @@ type shipmentCatalog struct {
 	dir func() string // the state dir (known once the mount holds it)
 	log *slog.Logger
 
-	mu     sync.Mutex
-	loaded bool                               // GUARDED_BY(mu)
-	byPart map[string]map[string]keptShipment // partition → object key → shipment; GUARDED_BY(mu)
-	logs   map[string]*keylog.Log             // by partition; GUARDED_BY(mu)
+	// mu guards the maps below and is never held across a disk write:
+	// a write holds its partition's writing lock instead, so writes of
+	// different partitions sync at once (a journalled file system joins
+	// their syncs in one commit) while reads go on.
+	mu      sync.Mutex
+	writing map[string]*sync.Mutex             // by partition, one each, kept for good; GUARDED_BY(mu)
+	loaded  bool                               // GUARDED_BY(mu)
+	byPart  map[string]map[string]keptShipment // partition → object key → shipment; GUARDED_BY(mu)
+	logs    map[string]*keylog.Log             // by partition; GUARDED_BY(mu)
 	// Kept shipments hold their objects as in their log line (from the
 	// stem mark on), each such name once for all (most are the same
 	// eleven): a whole key per object would be most of the catalog's
@@ -42,7 +47,7 @@ type shipmentCatalog struct {
 }
 
 func newShipmentCatalog(dir func() string, log *slog.Logger) *shipmentCatalog {
-	return &shipmentCatalog{dir: dir, log: log, byPart: map[string]map[string]keptShipment{}, logs: map[string]*keylog.Log{}, names: map[string]string{}, lists: map[string][]string{}}
+	return &shipmentCatalog{dir: dir, log: log, writing: map[string]*sync.Mutex{}, byPart: map[string]map[string]keptShipment{}, logs: map[string]*keylog.Log{}, names: map[string]string{}, lists: map[string][]string{}}
 }
 
 func (c *shipmentCatalog) root() string { return filepath.Join(c.dir(), "shipments") }
@@ -162,11 +167,6 @@ func (c *shipmentCatalog) putAll(ss []Shipment) error {
 	if len(ss) == 0 {
 		return nil
 	}
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	if err := c.loadLocked(); err != nil {
-		return err
-	}
 	part := ss[0].Partition
 	es := make([]keylog.Entry, len(ss))
 	for i := range ss {
@@ -180,17 +180,16 @@ func (c *shipmentCatalog) putAll(ss []Shipment) error {
 		}
 		es[i] = keylog.Entry{Key: ss[i].Key, Val: b}
 	}
-	l := c.logs[part]
-	if l == nil {
-		var err error
-		if l, err = c.openLog(part); err != nil {
-			return err
-		}
-		c.logs[part] = l
+	l, unlock, err := c.writeLog(part, true)
+	if err != nil {
+		return err
 	}
+	defer unlock()
 	if err := l.PutAll(es); err != nil {
 		return err
 	}
+	c.mu.Lock()
+	defer c.mu.Unlock()
 	if c.byPart[part] == nil {
 		c.byPart[part] = map[string]keptShipment{}
 	}
@@ -200,20 +199,53 @@ func (c *shipmentCatalog) putAll(ss []Shipment) error {
 	return nil
 }
 
-// remove deletes the shipment of key in partition, if any.
-func (c *shipmentCatalog) remove(partition, key string) error {
+// writeLog takes partition's writing lock and returns its log (opened
+// if open, else nil), for a write and then the change of memory that
+// follows it, both before unlock: writes of one partition, to its log
+// and to memory, keep one order.
+func (c *shipmentCatalog) writeLog(partition string, open bool) (l *keylog.Log, unlock func(), err error) {
+	c.mu.Lock()
+	if err := c.loadLocked(); err != nil {
+		c.mu.Unlock()
+		return nil, nil, err
+	}
+	w := c.writing[partition]
+	if w == nil {
+		w = &sync.Mutex{}
+		c.writing[partition] = w
+	}
+	c.mu.Unlock()
+	w.Lock()
 	c.mu.Lock()
 	defer c.mu.Unlock()
-	if err := c.loadLocked(); err != nil {
+	// Under the writing lock no other write opens or drops this
+	// partition's log: there is never a second Log of its file.
+	if l = c.logs[partition]; l == nil && open {
+		if l, err = c.openLog(partition); err != nil {
+			w.Unlock()
+			return nil, nil, err
+		}
+		c.logs[partition] = l
+	}
+	return l, w.Unlock, nil
+}
+
+// remove deletes the shipment of key in partition, if any.
+func (c *shipmentCatalog) remove(partition, key string) error {
+	l, unlock, err := c.writeLog(partition, false)
+	if err != nil {
 		return err
 	}
-	if l := c.logs[partition]; l != nil {
+	defer unlock()
+	if l != nil {
 		if err := l.Delete(key); err != nil {
 			return err
 		}
-		if l.Len() == 0 {
-			delete(c.logs, partition)
-		}
+	}
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if l != nil && l.Len() == 0 {
+		delete(c.logs, partition)
 	}
 	delete(c.byPart[partition], key)
 	if len(c.byPart[partition]) == 0 {
