@@ -599,14 +599,35 @@ func (sp *shipper) commitAll(ctx context.Context, partition string, cs []*shipCo
 }
 
 // appendAll appends the entries of each of cs to the partition's index
-// file, and puts the remote indexes of each, at most putsAtOnce at a
-// time: it returns how many of cs, from the first, were done, and the
-// failure of the next. Call it with the partition locked.
+// file, in one append (and sync) for all, and puts the remote indexes of
+// each, at most putsAtOnce at a time: it returns how many of cs, from the
+// first, were done, and the failure of the next. Call it with the
+// partition locked.
 func (sp *shipper) appendAll(ctx context.Context, partition string, cs []*shipCommit) (int, error) {
-	var groups [][]func() error
+	f, err := sp.t.indexes.file(partition)
+	if err != nil {
+		return 0, err
+	}
+	var es []idx.Entry
+	n := 0
 	var appendErr error
 	for _, c := range cs {
-		puts, err := sp.appendLocal(ctx, c.seg, c.key, c.from, c.from, c.objBase)
+		more, err := sp.entriesOf(f, c.seg, c.key, c.from, c.from, c.objBase)
+		if err != nil {
+			appendErr = err
+			break
+		}
+		es = append(es, more...)
+		n++
+	}
+	if len(es) > 0 {
+		if err := f.Append(es...); err != nil {
+			return 0, err
+		}
+	}
+	var groups [][]func() error
+	for _, c := range cs[:n] {
+		puts, err := sp.remoteIndexPuts(ctx, f, c.seg, c.key, c.objBase)
 		if err != nil {
 			appendErr = err
 			break
@@ -894,6 +915,22 @@ func (sp *shipper) appendLocal(ctx context.Context, seg Segment, key string, fro
 	if err != nil {
 		return nil, err
 	}
+	es, err := sp.entriesOf(f, seg, key, from, at, objBase)
+	if err != nil {
+		return nil, err
+	}
+	if len(es) > 0 {
+		if err := f.Append(es...); err != nil {
+			return nil, err
+		}
+	}
+	return sp.remoteIndexPuts(ctx, f, seg, key, objBase)
+}
+
+// entriesOf are the index entries of object key from file position at
+// on (the object starts at from), with offsets from objBase: none if f
+// has them already.
+func (sp *shipper) entriesOf(f *idx.File, seg Segment, key string, from, at, objBase int64) ([]idx.Entry, error) {
 	next := nextOrMax(seg.Next)
 	var have bool
 	f.View(func(x *idx.Index) {
@@ -905,31 +942,36 @@ func (sp *shipper) appendLocal(ctx context.Context, seg Segment, key string, fro
 			}
 		}
 	})
-	if !have {
-		lf, err := os.Open(seg.Path)
-		if err != nil {
-			return nil, err
-		}
-		c, err := idx.ChunkSegment(seg.Path, io.NewSectionReader(lf, at, seg.Size-at), seg.Size-at, objBase, idx.ChunkOptions{})
-		lf.Close()
-		if err != nil {
-			return nil, err
-		}
-		if c.Opaque {
-			sp.t.cfg.Log.Warn("segment is not well-formed record batches; indexed as opaque chunks", "segment", seg.Path, "why", c.Reason)
-		}
-		var es []idx.Entry
-		for _, ch := range c.Chunks {
-			e := ch.Entry
-			e.RDI = []byte(fmt.Sprintf("%s@%d", key, at-from+ch.Position))
-			es = append(es, e)
-		}
-		if err := f.Append(es...); err != nil {
-			return nil, err
-		}
+	if have {
+		return nil, nil
 	}
+	lf, err := os.Open(seg.Path)
+	if err != nil {
+		return nil, err
+	}
+	c, err := idx.ChunkSegment(seg.Path, io.NewSectionReader(lf, at, seg.Size-at), seg.Size-at, objBase, idx.ChunkOptions{})
+	lf.Close()
+	if err != nil {
+		return nil, err
+	}
+	if c.Opaque {
+		sp.t.cfg.Log.Warn("segment is not well-formed record batches; indexed as opaque chunks", "segment", seg.Path, "why", c.Reason)
+	}
+	es := make([]idx.Entry, 0, len(c.Chunks))
+	for _, ch := range c.Chunks {
+		e := ch.Entry
+		e.RDI = []byte(fmt.Sprintf("%s@%d", key, at-from+ch.Position))
+		es = append(es, e)
+	}
+	return es, nil
+}
+
+// remoteIndexPuts are the puts of the remote indexes of the object of
+// key (offsets from objBase), built from f, for the caller to run.
+func (sp *shipper) remoteIndexPuts(ctx context.Context, f *idx.File, seg Segment, key string, objBase int64) ([]func() error, error) {
 	var ri idx.RemoteIndexes
-	f.View(func(x *idx.Index) { ri, err = x.BuildRemoteIndexes(objBase, next) })
+	var err error
+	f.View(func(x *idx.Index) { ri, err = x.BuildRemoteIndexes(objBase, nextOrMax(seg.Next)) })
 	if err != nil {
 		return nil, err
 	}
