@@ -8,6 +8,7 @@ import (
 	"fmt"
 	"io"
 	"io/fs"
+	"maps"
 	"os"
 	"path/filepath"
 	"slices"
@@ -31,24 +32,39 @@ import (
 // ("a" and "a/b"); such a Put fails.
 //
 // A Put returns once the object and its name are durable (its directory
-// synced), except through a view from Deferred: there the object's
-// bytes are durable when Put returns and its name once the store's next
-// conditional put (PutIf, of any view) or Flush returns.
+// synced), except through a view from Deferred: there a new object's
+// bytes and name are durable once the store's next conditional put
+// (PutIf, of any view) or Flush returns (an object that replaces another
+// has its bytes synced before it does, as any replacement).
 type Dir struct {
 	root     string
 	deferred bool         // a view from Deferred
 	pending  *pendingDirs // shared by every view
-	// syncDir makes a directory's entries durable (syncPath; tests
-	// count the calls).
-	syncDir func(dir string) error
+	// syncDir makes a directory's entries durable (syncPath), and
+	// syncFiles the bytes of files (syncAll); tests count the calls.
+	syncDir   func(dir string) error
+	syncFiles func(paths []string) error
 }
 
-// pendingDirs are directories in which deferred puts named objects
-// since they were last synced.
+// pendingDirs are the new objects deferred puts wrote and the
+// directories they named them in, not yet synced: those no Flush took
+// yet, and those Flushes are syncing now.
 type pendingDirs struct {
-	flushing sync.Mutex // held while a Flush syncs them
 	mu       sync.Mutex
-	dirs     map[string]struct{} // GUARDED_BY(mu)
+	next     *syncBatch   // what the next Flush takes; GUARDED_BY(mu)
+	inFlight []*syncBatch // taken by Flushes not yet done; GUARDED_BY(mu)
+}
+
+// syncBatch is what one Flush syncs: its err is set, and done closed,
+// when it is done.
+type syncBatch struct {
+	dirs, files map[string]struct{}
+	done        chan struct{}
+	err         error
+}
+
+func newSyncBatch() *syncBatch {
+	return &syncBatch{dirs: map[string]struct{}{}, files: map[string]struct{}{}, done: make(chan struct{})}
 }
 
 // dirReserved holds temporary files and uploads; no key may start with it.
@@ -63,39 +79,78 @@ func NewDir(root string) (*Dir, error) {
 		return nil, err
 	}
 	removeStaleTemps(filepath.Join(root, dirReserved), time.Now().Add(-time.Hour))
-	return &Dir{root: root, pending: &pendingDirs{dirs: map[string]struct{}{}}, syncDir: syncPath}, nil
+	return &Dir{root: root, pending: &pendingDirs{next: newSyncBatch()}, syncDir: syncPath, syncFiles: syncAll}, nil
 }
 
-// Deferred is a view of the store whose puts do not wait for the
-// directory they name an object in to be synced: the directory is
-// synced by the store's next conditional put or Flush, before either
-// does anything else. A shipper puts a segment's objects through it and
-// then the partition's index with PutIf: every object the index names
-// is durable before the index is, with one sync of each directory for
-// all of them instead of one for each object.
+// Deferred is a view of the store whose puts of new objects do not wait
+// for the object's bytes or the directory that names it to be synced:
+// the store's next conditional put or Flush syncs them, before it does
+// anything else. A shipper puts a segment's objects through it and then
+// the partition's index with PutIf: every object the index names is
+// durable before the index is. On a journalled file system each sync
+// of a new file is a journal commit, and the syncs of one Flush share
+// one (see syncAll) instead of taking one each.
+//
+// A machine crash before the Flush can leave an object's name durable
+// and its bytes not (an empty or short file): no index names it, and an
+// upload that finds it resumes it only when it has the size and ETag its
+// manifest gives (chunkxfer.LoadManifest), else sends it again.
 func (d *Dir) Deferred() Store {
 	v := *d
 	v.deferred = true
 	return &v
 }
 
-// Flush makes the names of every deferred put so far durable. A
-// directory removed since is skipped: nothing in it is named any more.
+// Flush makes every deferred put so far durable: the new objects' bytes,
+// then the directories that name them. A file or directory removed since
+// is skipped: nothing in it is named any more. Flushes run at once: each
+// syncs what no other took, then waits for those that took some before
+// it (a journalled file system joins their syncs in its commits).
 func (d *Dir) Flush(ctx context.Context) error {
 	pd := d.pending
-	pd.flushing.Lock()
-	defer pd.flushing.Unlock()
 	pd.mu.Lock()
-	dirs := pd.dirs
-	pd.dirs = map[string]struct{}{}
+	b := pd.next
+	earlier := slices.Clone(pd.inFlight)
+	if len(b.dirs)+len(b.files) > 0 {
+		pd.next = newSyncBatch()
+		pd.inFlight = append(pd.inFlight, b)
+	} else {
+		b = nil
+	}
 	pd.mu.Unlock()
-	for dir := range dirs {
+	var err error
+	if b != nil {
+		err = d.syncBatch(b)
+		pd.mu.Lock()
+		pd.inFlight = slices.DeleteFunc(pd.inFlight, func(o *syncBatch) bool { return o == b })
+		if err != nil {
+			// Synced by a later Flush, which fails too if this one
+			// cannot succeed.
+			maps.Copy(pd.next.dirs, b.dirs)
+			maps.Copy(pd.next.files, b.files)
+		}
+		pd.mu.Unlock()
+		b.err = err
+		close(b.done)
+	}
+	for _, e := range earlier {
+		<-e.done
+		if err == nil {
+			err = e.err
+		}
+	}
+	return err
+}
+
+// syncBatch syncs b's files, then its directories.
+func (d *Dir) syncBatch(b *syncBatch) error {
+	if len(b.files) > 0 {
+		if err := d.syncFiles(slices.Collect(maps.Keys(b.files))); err != nil {
+			return err
+		}
+	}
+	for dir := range b.dirs {
 		if err := d.syncDir(dir); err != nil && !errors.Is(err, fs.ErrNotExist) {
-			pd.mu.Lock()
-			for dir := range dirs {
-				pd.dirs[dir] = struct{}{}
-			}
-			pd.mu.Unlock()
 			return err
 		}
 	}
@@ -107,12 +162,11 @@ func (d *Dir) Flush(ctx context.Context) error {
 func (d *Dir) Unsynced() []string {
 	d.pending.mu.Lock()
 	defer d.pending.mu.Unlock()
-	out := make([]string, 0, len(d.pending.dirs))
-	for dir := range d.pending.dirs {
-		out = append(out, dir)
+	set := maps.Clone(d.pending.next.dirs)
+	for _, b := range d.pending.inFlight {
+		maps.Copy(set, b.dirs)
 	}
-	slices.Sort(out)
-	return out
+	return slices.Sorted(maps.Keys(set))
 }
 
 // named makes the name of an object just put in dir durable, or leaves
@@ -122,7 +176,7 @@ func (d *Dir) named(dir string) error {
 		return d.syncDir(dir)
 	}
 	d.pending.mu.Lock()
-	d.pending.dirs[dir] = struct{}{}
+	d.pending.next.dirs[dir] = struct{}{}
 	d.pending.mu.Unlock()
 	return nil
 }
@@ -363,12 +417,24 @@ func (d *Dir) putNew(key, p string, body io.ReadSeeker, size int64) (info Object
 	if _, err := body.Seek(0, io.SeekStart); err != nil {
 		return ObjectInfo{}, true, err
 	}
-	if err := writeBody(f, body, size); err != nil {
+	if err := copyExactly(f, body, size); err != nil {
 		return ObjectInfo{}, true, fmt.Errorf("put %s: %w", key, err)
+	}
+	// Through a deferred view the next Flush syncs the bytes, with
+	// those of every other new object.
+	if !d.deferred {
+		if err := f.Sync(); err != nil {
+			return ObjectInfo{}, true, fmt.Errorf("put %s: %w", key, err)
+		}
 	}
 	err = unix.Linkat(unix.AT_FDCWD, "/proc/self/fd/"+strconv.Itoa(fd), unix.AT_FDCWD, p, unix.AT_SYMLINK_FOLLOW)
 	if err != nil {
 		return ObjectInfo{}, false, nil // there already (replaced by a rename), or no /proc
+	}
+	if d.deferred {
+		d.pending.mu.Lock()
+		d.pending.next.files[p] = struct{}{}
+		d.pending.mu.Unlock()
 	}
 	if err := d.named(dir); err != nil {
 		return ObjectInfo{}, true, err
@@ -655,6 +721,44 @@ func (d *Dir) ListMultipart(ctx context.Context, prefix string) ([]Upload, error
 	}
 	slices.SortFunc(out, func(a, b Upload) int { return strings.Compare(a.Key+a.UploadID, b.Key+b.UploadID) })
 	return out, nil
+}
+
+// syncAll makes the bytes of files durable, those removed since skipped.
+// Writeback of every one is started first and each is synced after, so
+// that the first sync's journal commit carries the others' blocks too and
+// their syncs find little left to do: a sync of each in turn would write
+// each file's blocks only when it comes, and commit once for each.
+func syncAll(paths []string) error {
+	const group = 256 // descriptors open at once
+	for len(paths) > 0 {
+		n := min(len(paths), group)
+		fds, names := make([]int, 0, n), make([]string, 0, n)
+		var err error
+		for _, p := range paths[:n] {
+			fd, oerr := unix.Open(p, unix.O_RDONLY|unix.O_CLOEXEC, 0)
+			if errors.Is(oerr, unix.ENOENT) {
+				continue
+			}
+			if oerr != nil {
+				err = fmt.Errorf("sync %s: %w", p, oerr)
+				break
+			}
+			fds, names = append(fds, fd), append(names, p)
+			// Only a start: the Fsync below is what makes it durable.
+			unix.SyncFileRange(fd, 0, 0, unix.SYNC_FILE_RANGE_WRITE)
+		}
+		for i, fd := range fds {
+			if ferr := unix.Fsync(fd); ferr != nil && err == nil {
+				err = fmt.Errorf("sync %s: %w", names[i], ferr)
+			}
+			unix.Close(fd)
+		}
+		if err != nil {
+			return err
+		}
+		paths = paths[n:]
+	}
+	return nil
 }
 
 func syncPath(p string) error {
