@@ -38,12 +38,7 @@ func TestDirDeferredSyncsAtTheNextConditionalPut(t *testing.T) {
 		mu.Unlock()
 		return syncPath(dir)
 	}
-	put := func(s Store, key string) {
-		t.Helper()
-		if _, err := s.Put(ctx, key, bytes.NewReader([]byte(key)), int64(len(key))); err != nil {
-			t.Fatal(err)
-		}
-	}
+	put := func(s Store, key string) { t.Helper(); putKey(t, s, key) }
 	v := d.Deferred()
 	put(v, "p-0/a.log")
 	put(v, "p-0/a.log.manifest")
@@ -123,12 +118,7 @@ func TestDirDeferredSyncsFilesAtFlush(t *testing.T) {
 		log = append(log, "dir "+rel)
 		return syncPath(dir)
 	}
-	put := func(s Store, key string) {
-		t.Helper()
-		if _, err := s.Put(ctx, key, bytes.NewReader([]byte(key)), int64(len(key))); err != nil {
-			t.Fatal(err)
-		}
-	}
+	put := func(s Store, key string) { t.Helper(); putKey(t, s, key) }
 	v := d.Deferred()
 	put(v, "p-0/a")
 	put(v, "p-0/b")
@@ -189,5 +179,13 @@ func TestDirDeferredSyncsFilesAtFlush(t *testing.T) {
 	}
 	if got := d.Unsynced(); len(got) != 0 {
 		t.Fatalf("unsynced: %v", got)
+	}
+}
+
+// putKey puts an object whose bytes are its key.
+func putKey(t *testing.T, s Store, key string) {
+	t.Helper()
+	if _, err := s.Put(context.Background(), key, bytes.NewReader([]byte(key)), int64(len(key))); err != nil {
+		t.Fatal(err)
 	}
 }
