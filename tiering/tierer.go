@@ -48,9 +48,9 @@ type Config struct {
 	ReadAheadChunks int
 	// Concurrency is how many segments uploaded in parts (more than
 	// 1 MiB) upload at once (default 2). Smaller segments are bound by
-	// their latency, not their bytes: up to partitionsPerUpload times as many partitions
-	// ship at once, within the memory that many large uploads would take
-	// (uploadMemory).
+	// their latency, not their bytes: up to partitionsPerUpload times as
+	// many partitions ship at once, within the memory that many large
+	// uploads would take (uploadMemory).
 	Concurrency int
 
 	ShipRate  int64 // bytes per second of all uploads together (0: no limit)
