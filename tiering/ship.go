@@ -14,6 +14,7 @@ import (
 	"sort"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"syscall"
 	"time"
 
@@ -177,18 +178,37 @@ func (sp *shipper) shipPartition(ctx context.Context, p Partition, cp Checkpoint
 		}
 		return true
 	}
-	// The segments uploaded and not yet in the partition's index, in
-	// offset order, and their bytes.
-	var batch []*shipCommit
-	var batched int64
-	commit := func() {
-		errs := sp.commitAll(ctx, p.Name, batch)
-		for i, c := range batch {
+	// The segments planned and not uploaded yet, in offset order, and
+	// their bytes. ship catalogs their shipments in one write, uploads
+	// them, and commits those uploaded, up to the first that failed, in
+	// one put of the partition's index.
+	var planned []*shipCommit
+	var plannedBytes int64
+	ship := func() {
+		cs := planned
+		planned, plannedBytes = nil, 0
+		if len(cs) == 0 {
+			return
+		}
+		errs := sp.uploadAll(ctx, cs, nil)
+		n := 0
+		for n < len(cs) && errs[n] == nil {
+			n++
+		}
+		for i, c := range cs[n:] {
+			c.release()
+			if i == 0 {
+				note(p.Name, c.seg, errs[n])
+			} else {
+				rep.Waiting["an earlier segment failed"]++
+			}
+		}
+		errs = sp.commitAll(ctx, p.Name, cs[:n])
+		for i, c := range cs[:n] {
 			if note(p.Name, c.seg, errs[i]) {
 				rep.Shipped++
 			}
 		}
-		batch, batched = nil, 0
 	}
 	sp.t.status.noteKept(p.Name, Segment{}, "")
 	sp.t.roles.checkEpoch(p.Name)
@@ -259,11 +279,11 @@ func (sp *shipper) shipPartition(ctx context.Context, p Partition, cp Checkpoint
 			}
 			synced = true
 		}
-		c, err := sp.prepare(ctx, seg, nil, false)
+		c, err := sp.plan(ctx, seg, false)
 		if c != nil {
-			batch = append(batch, c)
-			if batched += c.st.Size - c.from; len(batch) == maxBatch || batched >= maxBatchBytes {
-				commit()
+			planned = append(planned, c)
+			if plannedBytes += c.st.Size - c.from; len(planned) == maxBatch || plannedBytes >= maxBatchBytes {
+				ship()
 			}
 			continue
 		}
@@ -271,7 +291,7 @@ func (sp *shipper) shipPartition(ctx context.Context, p Partition, cp Checkpoint
 			rep.Shipped++
 		}
 	}
-	commit()
+	ship()
 	return rep
 }
 
@@ -298,58 +318,76 @@ func (sp *shipper) Ship(ctx context.Context, seg Segment, progress chunkxfer.Pro
 // ship is Ship; sync false skips reading the store's index (the pass
 // read it for the partition already).
 func (sp *shipper) ship(ctx context.Context, seg Segment, progress chunkxfer.Progress, sync bool) error {
-	c, err := sp.prepare(ctx, seg, progress, sync)
+	c, err := sp.plan(ctx, seg, sync)
 	if c == nil {
 		return err
 	}
-	return sp.commitAll(ctx, seg.Partition, []*shipCommit{c})[0]
+	cs := []*shipCommit{c}
+	if err := sp.uploadAll(ctx, cs, progress)[0]; err != nil {
+		c.release()
+		return err
+	}
+	return sp.commitAll(ctx, seg.Partition, cs)[0]
 }
 
-// shipCommit is a segment whose objects are all in the store (uploaded
-// and verified) and that the partition's index does not point at yet:
-// what commitAll needs to append its entries and mark it shipped. It
-// holds the segment's claims until release.
+// shipCommit is a segment on its way to the store: planned (plan), its
+// shipment catalogued and its objects uploaded and verified (uploadAll),
+// then its entries appended to the partition's index and the file marked
+// shipped (commitAll). It holds the segment's claims until release.
 type shipCommit struct {
 	seg           Segment
 	st            syscall.Stat_t
 	cov           coverage
+	batches       []idx.BatchRef // as cover read them; nil: read at the upload
 	key           string
 	from, objBase int64
 	keyAt         func(int64) string
 	m             *chunkxfer.Manifest
 	sh            Shipment
-	release       func()
+	// fresh says sh is catalogued by this shipment, not found from an
+	// earlier, interrupted one: none of its objects can be in the store.
+	fresh bool
+	undo  []func() // run by release, last first
 }
 
-// prepare does all of a segment's shipment but its commit: the segment
-// is mapped onto the store's copy, or waits, or fails (a nil
-// *shipCommit and the outcome), or its objects are uploaded and a
-// *shipCommit says what is left.
-func (sp *shipper) prepare(ctx context.Context, seg Segment, progress chunkxfer.Progress, sync bool) (c *shipCommit, err error) {
-	var undo []func()
+// release lets go of what c holds: its claims, and its file counts as
+// shipping no more.
+func (c *shipCommit) release() {
+	for i := len(c.undo) - 1; i >= 0; i-- {
+		c.undo[i]()
+	}
+	c.undo = nil
+}
+
+// plan decides a segment's shipment up to its upload: the segment is
+// mapped onto the store's copy, or waits, or fails (a nil *shipCommit
+// and the outcome), or a *shipCommit says what to upload and the
+// shipment to catalog first. Nothing is written for it yet but its
+// claims.
+func (sp *shipper) plan(ctx context.Context, seg Segment, sync bool) (_ *shipCommit, err error) {
+	c := &shipCommit{seg: seg}
 	defer func() {
-		if c == nil {
-			for i := len(undo) - 1; i >= 0; i-- {
-				undo[i]()
-			}
+		if err != nil {
+			c.release()
 		}
 	}()
 	if !sp.t.claims.take(pathClaim(seg.Path)) {
 		return nil, nil
 	}
-	undo = append(undo, func() { sp.t.claims.release(pathClaim(seg.Path)) })
-	var st syscall.Stat_t
-	if err := syscall.Stat(seg.Path, &st); err != nil {
+	c.undo = append(c.undo, func() { sp.t.claims.release(pathClaim(seg.Path)) })
+	st := &c.st
+	if err := syscall.Stat(seg.Path, st); err != nil {
 		return nil, err
 	}
-	key := sp.objectKey(seg, &st, ".log")
+	key := sp.objectKey(seg, st, ".log")
 	if !sp.t.claims.take(objectClaim(key)) {
+		c.release()
 		return nil, nil
 	}
-	undo = append(undo, func() { sp.t.claims.release(objectClaim(key)) })
+	c.undo = append(c.undo, func() { sp.t.claims.release(objectClaim(key)) })
 	doneShipping := sp.t.claims.startShipping(st.Ino)
 	sp.t.changed(st.Ino)
-	undo = append(undo, func() {
+	c.undo = append(c.undo, func() {
 		doneShipping()
 		sp.t.changed(st.Ino)
 	})
@@ -365,22 +403,24 @@ func (sp *shipper) prepare(ctx context.Context, seg Segment, progress chunkxfer.
 	if err != nil {
 		return nil, err
 	}
-	keyAt := func(base int64) string {
+	c.keyAt = func(base int64) string {
 		s := seg
 		s.Base = base
-		return sp.objectKey(s, &st, ".log")
+		return sp.objectKey(s, st, ".log")
 	}
 	role := sp.t.roles.of(seg.Partition)
 	if role.Role == RoleFollower && !sp.maybeCovered(seg, f) {
 		return nil, &WaitError{Why: "not in the store yet (a follower ships nothing; the leader has not shipped these offsets): " + role.Why}
 	}
-	cov, batches, err := sp.cover(ctx, seg, f, keyAt)
+	cov, batches, err := sp.cover(ctx, seg, f, c.keyAt)
 	if err != nil {
 		return nil, err
 	}
 	switch {
 	case cov.Next < 0 && len(cov.Extents) > 0:
-		return nil, sp.mapOnto(ctx, seg, &st, key, cov)
+		err := sp.mapOnto(ctx, seg, st, key, cov)
+		c.release()
+		return nil, err
 	case cov.Why != "":
 		return nil, &WaitError{Why: cov.Why}
 	case role.Role == RoleFollower:
@@ -392,14 +432,21 @@ func (sp *shipper) prepare(ctx context.Context, seg Segment, progress chunkxfer.
 			return nil, &WaitError{Why: fmt.Sprintf("other brokers ship this partition too: waiting %v more for their upload of offsets from %d (no --kafka-bootstrap to tell the leader)", wait.Round(time.Second), cov.Next)}
 		}
 	}
-	c = &shipCommit{seg: seg, st: st, cov: cov, keyAt: keyAt}
-	if err := sp.uploadRest(ctx, c, batches, progress, &undo); err != nil {
-		return nil, err
+	c.cov, c.batches = cov, batches
+	c.from, c.objBase = cov.End, seg.Base
+	if c.from > 0 {
+		c.objBase = cov.Next
 	}
-	c.release = func() {
-		for i := len(undo) - 1; i >= 0; i-- {
-			undo[i]()
+	c.key = c.keyAt(c.objBase)
+	if c.from > 0 {
+		tail := c.key
+		if !sp.t.claims.take(objectClaim(tail)) {
+			return nil, &WaitError{Why: "its tail is being shipped already"}
 		}
+		c.undo = append(c.undo, func() { sp.t.claims.release(objectClaim(tail)) })
+	}
+	if c.sh, c.fresh, err = sp.shipmentOf(seg, st, c.key, c.from, refsOf(extentKeys(cov.Extents), holderOf(c.key))); err != nil {
+		return nil, err
 	}
 	return c, nil
 }
@@ -468,37 +515,70 @@ func (sp *shipper) mapOnto(ctx context.Context, seg Segment, st *syscall.Stat_t,
 	return nil
 }
 
-// uploadRest uploads a segment from where its coverage ends (from its
-// start when nothing of it is in the store), with its batch list and its
-// index files (whole segments only), and fills in c. A claim it takes
-// goes on undo.
-func (sp *shipper) uploadRest(ctx context.Context, c *shipCommit, batches []idx.BatchRef, progress chunkxfer.Progress, undo *[]func()) error {
-	seg, st, cov := c.seg, &c.st, c.cov
-	c.from, c.objBase = cov.End, seg.Base
-	if c.from > 0 {
-		c.objBase = cov.Next
-	}
-	c.key = c.keyAt(c.objBase)
-	key, from := c.key, c.from
-	if from > 0 {
-		if !sp.t.claims.take(objectClaim(key)) {
-			return &WaitError{Why: "its tail is being shipped already"}
+// uploadsAtOnce bounds the segments of one partition that upload at
+// once (uploadAll). All partitions together upload no more than
+// Tierer.uploading lets, each within the uploads' memory (uploadMemory).
+const uploadsAtOnce = 4
+
+// uploadAll catalogs the shipments of planned segments cs, of one
+// partition, in one write of the partition's shipment log, then uploads
+// them, at most uploadsAtOnce at a time: a shipment is catalogued before
+// its first object is sent, so a crash never leaves an object in the
+// store that no shipment names. It returns each one's outcome; progress,
+// if not nil, hears of the bytes of all.
+func (sp *shipper) uploadAll(ctx context.Context, cs []*shipCommit, progress chunkxfer.Progress) []error {
+	errs := make([]error, len(cs))
+	var fresh []Shipment
+	for _, c := range cs {
+		if c.fresh {
+			fresh = append(fresh, c.sh)
 		}
-		*undo = append(*undo, func() { sp.t.claims.release(objectClaim(key)) })
 	}
-	holder := holderOf(key)
-	sh, fresh, err := sp.startShipment(seg, st, key, from, refsOf(extentKeys(cov.Extents), holder))
-	if err != nil {
-		return err
+	if err := sp.t.shipments.putAll(fresh); err != nil {
+		for i := range errs {
+			errs[i] = err
+		}
+		return errs
 	}
-	c.sh = sh
+	// Once one fails, those after it are not started: the partition's
+	// index cannot take them before it. (Their shipments stay
+	// catalogued; the next pass resumes them.)
+	var failed atomic.Bool
+	var wg sync.WaitGroup
+	sem := make(chan struct{}, uploadsAtOnce)
+	for i, c := range cs {
+		sem <- struct{}{}
+		sp.t.uploading <- struct{}{}
+		if failed.Load() {
+			<-sp.t.uploading
+			<-sem
+			errs[i] = &WaitError{Why: "an earlier segment failed"}
+			continue
+		}
+		wg.Go(func() {
+			defer func() { <-sp.t.uploading; <-sem }()
+			if errs[i] = sp.upload(ctx, c, progress); errs[i] != nil {
+				failed.Store(true)
+			}
+		})
+	}
+	wg.Wait()
+	return errs
+}
+
+// upload puts a planned segment's objects in the store: its bytes from
+// where its coverage ends (from its start when nothing of it is in the
+// store), with its batch list and its index files (whole segments
+// only), and takes its references on other brokers' objects.
+func (sp *shipper) upload(ctx context.Context, c *shipCommit, progress chunkxfer.Progress) error {
+	seg, st, key, from, sh := c.seg, &c.st, c.key, c.from, c.sh
 	// A shipment catalogued just now has put nothing in the store yet:
 	// there is no finished upload of its objects to look for.
 	upload := sp.t.up.UploadFrom
-	if fresh {
+	if c.fresh {
 		upload = sp.t.up.UploadNew
 	}
-	if err := sp.t.share.takeRefs(ctx, cov.Extents, holder); err != nil {
+	if err := sp.t.share.takeRefs(ctx, c.cov.Extents, holderOf(key)); err != nil {
 		return err
 	}
 	// The segment's objects go up at once: each is a request (and, on a
@@ -515,7 +595,7 @@ func (sp *shipper) uploadRest(ctx context.Context, c *shipCommit, batches []idx.
 			}
 			return nil
 		},
-		func() error { return sp.putBatchList(ctx, seg, key, from, batches) },
+		func() error { return sp.putBatchList(ctx, seg, key, from, c.batches) },
 	}
 	if from == 0 {
 		for _, sk := range sp.sidecarKeys(seg, st)[1:] {
@@ -792,13 +872,14 @@ func (sp *shipper) putBatchList(ctx context.Context, seg Segment, key string, fr
 	return err
 }
 
-// startShipment catalogs the objects a segment is about to put in the
-// store (or finds them catalogued by an earlier, interrupted Ship): the
-// object of its bytes from position from, its batch list and remote
-// indexes, for a whole segment its index files too, and refs, the
-// references it takes on other brokers' objects. fresh says it was
-// catalogued now: none of its objects can be in the store.
-func (sp *shipper) startShipment(seg Segment, st *syscall.Stat_t, key string, from int64, refs []string) (sh Shipment, fresh bool, err error) {
+// shipmentOf is the shipment of the objects a segment is about to put
+// in the store, to be catalogued before the first is sent, or the one an
+// earlier, interrupted shipment catalogued: the object of its bytes from
+// position from, its batch list and remote indexes, for a whole segment
+// its index files too, and refs, the references it takes on other
+// brokers' objects. fresh says it is new: none of its objects can be in
+// the store.
+func (sp *shipper) shipmentOf(seg Segment, st *syscall.Stat_t, key string, from int64, refs []string) (sh Shipment, fresh bool, err error) {
 	if sh, err := sp.t.shipments.get(seg.Partition, key); err == nil {
 		if sh.State == ShipmentDeleting {
 			return sh, false, fmt.Errorf("%s: its remote copy is being deleted", seg.Path)
@@ -821,9 +902,6 @@ func (sp *shipper) startShipment(seg Segment, st *syscall.Stat_t, key string, fr
 	base := strings.TrimSuffix(key, kafka.KindLog)
 	sh.Objects = append(sh.Objects, base+".batches", base+".rindex", base+".rtimeindex")
 	sh.Objects = append(sh.Objects, refs...)
-	if err := sp.t.shipments.put(sh); err != nil {
-		return sh, false, err
-	}
 	return sh, true, nil
 }
 

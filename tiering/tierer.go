@@ -120,12 +120,15 @@ func (t *Tierer) crashPoint(p CrashPoint) {
 
 // Tierer ships and evicts the segments of one log directory.
 type Tierer struct {
-	cfg       Config
-	ready     chan struct{} // closed once Root and StateDir are known
-	up        *chunkxfer.Uploader
-	upMem     *semaphore.Weighted // the bytes uploads hold in memory (uploadMemory)
-	uploads   store.Store         // where a shipment's objects are put: cfg.Store or its deferred view (deferrer)
-	mu        sync.Mutex          // guards cfg.BrokerID, learnt late
+	cfg   Config
+	ready chan struct{} // closed once Root and StateDir are known
+	up    *chunkxfer.Uploader
+	upMem *semaphore.Weighted // the bytes uploads hold in memory (uploadMemory)
+	// uploading bounds the segments that upload at once, in all
+	// partitions: as many as partitions ship at once.
+	uploading chan struct{}
+	uploads   store.Store // where a shipment's objects are put: cfg.Store or its deferred view (deferrer)
+	mu        sync.Mutex  // guards cfg.BrokerID, learnt late
 	indexes   *partIndexes
 	batches   batchLists
 	status    *partStatus
@@ -328,6 +331,7 @@ func (t *Tierer) SetRoot(root, stateDir string) {
 	}
 	t.up = &chunkxfer.Uploader{Store: t.uploads, JournalDir: filepath.Join(stateDir, "journal"), ChunkSize: t.cfg.ChunkSize, BlockSize: t.cfg.BlockSize, Parallel: uploadParallel, Log: t.cfg.Log, Broker: t.BrokerID}
 	t.upMem = semaphore.NewWeighted(int64(t.cfg.Concurrency) * t.uploadCap())
+	t.uploading = make(chan struct{}, t.cfg.Concurrency*partitionsPerUpload)
 	if t.cfg.ShipRate > 0 {
 		t.up.Limit = rate.NewLimiter(rate.Limit(t.cfg.ShipRate), int(min(t.cfg.ShipRate, 1<<20)))
 	}

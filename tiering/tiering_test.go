@@ -468,8 +468,9 @@ func TestShipBatchCommit(t *testing.T) {
 
 // The segments one pass commits together keep their local state in one
 // append of each log: the partition's manifest copies in one line, their
-// shipments as shipped in one line (after one line each that catalogued
-// it before its upload), and a tierer that starts again reads them all.
+// shipments in one line that catalogued them all before their uploads
+// and one that marked them shipped, and a tierer that starts again reads
+// them all.
 func TestShipBatchLocalState(t *testing.T) {
 	s := store.NewMem(nil)
 	root, tr := tinySegments(t, s, 1, 11)
@@ -484,8 +485,8 @@ func TestShipBatchLocalState(t *testing.T) {
 		return strings.Count(string(b), "\n")
 	}
 	state := filepath.Join(root, ".tierfs")
-	if n := lines(filepath.Join(state, "shipments", "s-0.klog")); n != 10+1 {
-		t.Errorf("shipment log of 10 segments has %d lines, want 11", n)
+	if n := lines(filepath.Join(state, "shipments", "s-0.klog")); n != 2 {
+		t.Errorf("shipment log of 10 segments has %d lines, want 2", n)
 	}
 	if n := lines(filepath.Join(state, "manifests", "s-0.klog")); n != 1 {
 		t.Errorf("manifest log of 10 segments has %d lines, want 1", n)
@@ -532,4 +533,58 @@ func scanSegments(t *testing.T, root string) []string {
 	}
 	sort.Strings(ps)
 	return ps
+}
+
+// A pass catalogs the shipments of the segments it plans in one line,
+// then uploads them. When one upload fails, those before it are
+// committed, and the rest, catalogued and perhaps partly uploaded, ship
+// at the next pass: the store's index holds each offset once, and every
+// object in the store is named by a shipment.
+func TestShipResumesCataloguedShipments(t *testing.T) {
+	s := store.NewMem(nil)
+	root, tr := tinySegments(t, s, 1, 11)
+	// The fourth segment (base offset 24: 8 records a segment).
+	s.Inject(store.Fault{Op: store.OpPut, KeyPrefix: "s-0/00000000000000000024-", Err: errors.New("injected")})
+	rep := tr.RunOnce(context.Background())
+	s.ClearFaults()
+	if len(rep.Errors) != 1 || rep.Shipped != 3 {
+		t.Fatalf("pass with a failed upload: %+v", rep)
+	}
+	shs, err := tr.shipments.of("s-0")
+	if err != nil || len(shs) != 10 {
+		t.Fatalf("%d shipments catalogued, want 10 (all the pass planned): %v", len(shs), err)
+	}
+	rep = tr.RunOnce(context.Background())
+	if len(rep.Errors) > 0 || rep.Shipped != 7 {
+		t.Fatalf("the next pass: %+v", rep)
+	}
+	segs := scanSegments(t, root)
+	for _, seg := range segs[:len(segs)-1] {
+		if r, ok, err := readRecord(seg); !ok || err != nil || r.State != StateShipped {
+			t.Fatalf("%s: %+v %v %v", seg, r, ok, err)
+		}
+	}
+	checkIndexOnce(t, s, "s-0", 0, 80)
+	shs, err = tr.shipments.of("s-0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	named := map[string]bool{}
+	for _, sh := range shs {
+		if sh.State != ShipmentShipped {
+			t.Errorf("shipment %s is %s", sh.Key, sh.State)
+		}
+		for _, k := range ownObjects(sh) {
+			named[k] = true
+		}
+	}
+	objs, err := s.List(context.Background(), "s-0/")
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, o := range objs {
+		if !named[o.Key] && o.Key != "s-0/"+idx.FileName {
+			t.Errorf("%s is in the store, and no shipment names it", o.Key)
+		}
+	}
 }
