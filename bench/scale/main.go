@@ -97,6 +97,7 @@ func run(c config) error {
 		}
 	}
 	remote, storeEnv, storeName := "file://"+storeDir, []string(nil), "a directory store on the same disk"
+	serverPid := 0 // the S3 server's, with -store s3
 	switch c.store {
 	case "dir":
 	case "s3":
@@ -110,7 +111,8 @@ func run(c config) error {
 		}
 		remote = "s3://scale/kafka?endpoint=" + srv.Endpoint
 		storeEnv = []string{"TIERFS_S3_ACCESS_KEY=" + srv.AccessKey, "TIERFS_S3_SECRET_KEY=" + srv.SecretKey}
-		storeName = "versitygw on 127.0.0.1 (its data on the same disk)"
+		storeName = "versitygw on 127.0.0.1 (`--keep-alive`; its data on the same disk)"
+		serverPid = srv.Pid()
 	default:
 		return fmt.Errorf("-store %q: dir or s3", c.store)
 	}
@@ -164,6 +166,7 @@ func run(c config) error {
 	add("mount, empty store (start to mounted)", took.Round(time.Millisecond).String(), "", false)
 	t0 := time.Now()
 	cpu0, _ := procmem.CPUSeconds(pid)
+	srvCPU0, _ := procmem.CPUSeconds(serverPid)
 	// The metrics are read once a second, as a scraper would (faster
 	// polling would measure the scrapes).
 	var shipped float64
@@ -180,6 +183,11 @@ func run(c config) error {
 	rate := float64(total) / shipTook.Seconds()
 	add(fmt.Sprintf("ship %d segments of %s", total, size(segSize)), fmt.Sprintf("%s (%.0f segments/s)", shipTook.Round(time.Second), rate), "≥ 500 segments/s", rate >= 500)
 	add("CPU per shipped segment (user+system of tierfs)", fmt.Sprintf("%.2f ms (%.0f%% of a core)", 1000*(cpu1-cpu0)/float64(total), 100*(cpu1-cpu0)/shipTook.Seconds()), "", false)
+	if serverPid != 0 {
+		// On this machine the server shares tierfs's cores.
+		srvCPU1, _ := procmem.CPUSeconds(serverPid)
+		add("CPU per shipped segment (user+system of versitygw)", fmt.Sprintf("%.2f ms (%.0f%% of a core)", 1000*(srvCPU1-srvCPU0)/float64(total), 100*(srvCPU1-srvCPU0)/shipTook.Seconds()), "", false)
+	}
 	time.Sleep(5 * time.Second) // the pass that shipped the last ones ends
 	cpu2, err := idleCPU(pid, c.idle)
 	if err != nil {
