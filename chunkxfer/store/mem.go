@@ -65,6 +65,9 @@ type Fault struct {
 
 	Err     error         // the call fails with Err (before doing anything)
 	Latency time.Duration // the call waits first (honouring ctx)
+	// Gate, if not nil, holds the call until it is closed (honouring
+	// ctx), after Latency: a test decides when the call goes on.
+	Gate <-chan struct{}
 	// Body faults, for get bodies and for put and upload-part request
 	// bodies (which then fail after the bytes, as a dropped connection).
 	DieAfter int64 // the body fails with ErrConnReset after this many bytes (>0)
@@ -131,6 +134,13 @@ func (m *Mem) fault(ctx context.Context, op, key string) (*Fault, error) {
 	if hit.Latency > 0 {
 		select {
 		case <-time.After(hit.Latency):
+		case <-ctx.Done():
+			return nil, ctx.Err()
+		}
+	}
+	if hit.Gate != nil {
+		select {
+		case <-hit.Gate:
 		case <-ctx.Done():
 			return nil, ctx.Err()
 		}

@@ -44,6 +44,25 @@ func TestMemFaults(t *testing.T) {
 	if _, err := m.Put(cctx, "slow/x", bytes.NewReader(body), 16); !errors.Is(err, context.DeadlineExceeded) {
 		t.Fatalf("latency: %v", err)
 	}
+	gate := make(chan struct{})
+	m.Inject(Fault{Op: OpPut, KeyPrefix: "gated/", Times: 1, Gate: gate})
+	put := make(chan error, 1)
+	go func() {
+		_, err := m.Put(ctx, "gated/x", bytes.NewReader(body), 16)
+		put <- err
+	}()
+	select {
+	case err := <-put:
+		t.Fatalf("a gated put went on before its gate opened: %v", err)
+	case <-time.After(20 * time.Millisecond):
+	}
+	close(gate)
+	if err := <-put; err != nil {
+		t.Fatalf("gated put: %v", err)
+	}
+	if _, err := m.Head(ctx, "gated/x"); err != nil {
+		t.Fatalf("gated put not stored: %v", err)
+	}
 	m.Inject(Fault{Op: OpPart, Times: 1, DieAfter: 3})
 	id, _ := m.CreateMultipart(ctx, "u")
 	if _, err := m.UploadPart(ctx, "u", id, 1, bytes.NewReader(body), 16); !errors.Is(err, ErrConnReset) {
