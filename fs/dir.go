@@ -283,10 +283,11 @@ func (n *node) OpendirHandle(ctx context.Context, flags uint32) (gofs.FileHandle
 		unix.Close(fd)
 		return nil, 0, errno
 	}
+	d := &dirHandle{n: n, inner: ds}
 	if n.isRoot() {
-		return &hidingDir{inner: ds, hidden: StateDirName}, dirCacheFlags, 0
+		d.hidden = StateDirName
 	}
-	return ds, dirCacheFlags, 0
+	return d, dirCacheFlags, 0
 }
 
 // dirCacheFlags let the kernel keep a directory's listing and serve the
@@ -299,37 +300,60 @@ func (n *node) OpendirHandle(ctx context.Context, flags uint32) (gofs.FileHandle
 // every entry.
 const dirCacheFlags = fuse.FOPEN_CACHE_DIR | fuse.FOPEN_KEEP_CACHE
 
-// hidingDir is a directory stream that leaves out one name.
-type hidingDir struct {
+// dirHandle is an open directory of the mount: the backing directory's
+// stream, less the name the mount never shows (the root's state
+// directory), and the lookups of the entries a READDIRPLUS returns.
+type dirHandle struct {
+	n      *node
 	inner  gofs.DirStream
-	hidden string
+	hidden string // "" for none
 }
 
 var (
-	_ = (gofs.FileReaddirenter)((*hidingDir)(nil))
-	_ = (gofs.FileSeekdirer)((*hidingDir)(nil))
-	_ = (gofs.FileFsyncdirer)((*hidingDir)(nil))
-	_ = (gofs.FileReleasedirer)((*hidingDir)(nil))
+	_ = (gofs.FileReaddirenter)((*dirHandle)(nil))
+	_ = (gofs.FileLookuper)((*dirHandle)(nil))
+	_ = (gofs.FileSeekdirer)((*dirHandle)(nil))
+	_ = (gofs.FileFsyncdirer)((*dirHandle)(nil))
+	_ = (gofs.FileReleasedirer)((*dirHandle)(nil))
 )
 
-func (d *hidingDir) Readdirent(ctx context.Context) (*fuse.DirEntry, syscall.Errno) {
+func (d *dirHandle) Readdirent(ctx context.Context) (*fuse.DirEntry, syscall.Errno) {
 	r := d.inner.(gofs.FileReaddirenter)
 	for {
 		de, errno := r.Readdirent(ctx)
-		if errno != 0 || de == nil || de.Name != d.hidden {
+		if errno != 0 || de == nil || d.hidden == "" || de.Name != d.hidden {
 			return de, errno
 		}
 	}
 }
 
-func (d *hidingDir) Seekdir(ctx context.Context, off uint64) syscall.Errno {
+// errKnownEntry answers a READDIRPLUS entry without attributes.
+const errKnownEntry = syscall.EEXIST
+
+// Lookup looks up an entry of a READDIRPLUS reply. A name whose node the
+// kernel holds already is sent without attributes (an error here leaves
+// the entry's node id 0, which the kernel takes as "no attributes": it
+// keeps the name and attributes it has, revalidated as any are when they
+// time out). At start-up a broker lists each partition directory several
+// times, each listing after a create or rename of its own in the
+// directory (which drops the kernel's kept listing), and every entry was
+// looked up on the backing disk again each time. A new name is looked up
+// as LOOKUP does.
+func (d *dirHandle) Lookup(ctx context.Context, name string, out *fuse.EntryOut) (*gofs.Inode, syscall.Errno) {
+	if d.n.GetChild(name) != nil {
+		return nil, errKnownEntry
+	}
+	return d.n.Lookup(ctx, name, out)
+}
+
+func (d *dirHandle) Seekdir(ctx context.Context, off uint64) syscall.Errno {
 	return d.inner.(gofs.FileSeekdirer).Seekdir(ctx, off)
 }
 
-func (d *hidingDir) Fsyncdir(ctx context.Context, flags uint32) syscall.Errno {
+func (d *dirHandle) Fsyncdir(ctx context.Context, flags uint32) syscall.Errno {
 	return d.inner.(gofs.FileFsyncdirer).Fsyncdir(ctx, flags)
 }
 
-func (d *hidingDir) Releasedir(ctx context.Context, flags uint32) {
+func (d *dirHandle) Releasedir(ctx context.Context, flags uint32) {
 	d.inner.(gofs.FileReleasedirer).Releasedir(ctx, flags)
 }

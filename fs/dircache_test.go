@@ -135,3 +135,70 @@ func TestDirListingFollowsChanges(t *testing.T) {
 		time.Sleep(100 * time.Millisecond)
 	}
 }
+
+// A listing with attributes (READDIRPLUS) sends the names the kernel
+// holds already without attributes: the kernel keeps its own, so what a
+// listing shows after changes through the mount (a write that grew a
+// file, a rename over a name, a create that drops the kept listing) is
+// what the backing directory holds, for names seen before and new ones.
+func TestDirListingOfKnownNames(t *testing.T) {
+	backing := filepath.Join(t.TempDir(), "backing")
+	if err := os.MkdirAll(filepath.Join(backing, "p"), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	for i := range 300 {
+		if err := os.WriteFile(filepath.Join(backing, "p", fmt.Sprintf("f%03d", i)), make([]byte, i), 0o644); err != nil {
+			t.Fatal(err)
+		}
+	}
+	srv := mountTest(t, backing, true)
+	dir := filepath.Join(srv.Mountpoint, "p")
+	// listed checks a listing with each entry's attributes against the
+	// backing directory.
+	listed := func(what string) {
+		t.Helper()
+		ents, err := os.ReadDir(dir)
+		if err != nil {
+			t.Fatal(err)
+		}
+		want, err := os.ReadDir(filepath.Join(backing, "p"))
+		if err != nil {
+			t.Fatal(err)
+		}
+		if len(ents) != len(want) {
+			t.Fatalf("%s: %d names listed, the backing directory has %d", what, len(ents), len(want))
+		}
+		for i, e := range ents {
+			fi, err := e.Info()
+			if err != nil {
+				t.Fatalf("%s: %s: %v", what, e.Name(), err)
+			}
+			bi, err := want[i].Info()
+			if err != nil {
+				t.Fatal(err)
+			}
+			if e.Name() != bi.Name() || fi.Size() != bi.Size() || fi.Mode() != bi.Mode() || !fi.ModTime().Equal(bi.ModTime()) {
+				t.Fatalf("%s: listed %s %d %v %v, the backing directory has %s %d %v %v", what, e.Name(), fi.Size(), fi.Mode(), fi.ModTime(), bi.Name(), bi.Size(), bi.Mode(), bi.ModTime())
+			}
+		}
+	}
+	listed("first listing")
+	f, err := os.OpenFile(filepath.Join(dir, "f007"), os.O_WRONLY|os.O_APPEND, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := f.Write(make([]byte, 5000)); err != nil {
+		t.Fatal(err)
+	}
+	f.Close()
+	if err := os.Chmod(filepath.Join(dir, "f008"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Rename(filepath.Join(dir, "f009"), filepath.Join(dir, "f010")); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(filepath.Join(dir, "new"), []byte("x"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	listed("after a write, a chmod, a rename over a name and a create")
+}
