@@ -42,6 +42,7 @@ func main() {
 	perSegment := flag.Int("records", 20, "records per segment")
 	valueSize := flag.Int("value-size", 3000, "bytes of each record's value")
 	runs := flag.Int("runs", 3, "starts per configuration")
+	warm := flag.Bool("warm", false, "keep the page cache between starts (a restart on a running machine) instead of dropping it (a start after a reboot)")
 	fsType := flag.String("fs", "ext4", "run on a fresh file system of this type (mkfs.TYPE on a loop device, as root); \"\" for a directory in $TMPDIR")
 	flag.Parse()
 
@@ -133,7 +134,9 @@ func main() {
 				before = costOf(c.metrics, c.backing)
 				opsBefore, secsBefore = fuseOps(c.metrics)
 			}
-			benchutil.DropCaches()
+			if !*warm {
+				benchutil.DropCaches()
+			}
 			var serr error
 			d := benchutil.Time(func() { serr = br.Restart() })
 			check(serr)
@@ -166,11 +169,15 @@ func main() {
 	}
 	u.Run()
 
+	cacheNote := "the page cache dropped before each start"
+	if *warm {
+		cacheNote = "the page cache kept between starts (-warm)"
+	}
 	rep := benchutil.Report{
 		Name:  "kafkastart",
 		Title: "A Kafka broker's start-up with many segments",
-		Notes: []string{fmt.Sprintf("Kafka %s broker (KRaft, one node), one topic of %d partitions with %d segments (%.0f MB of .log) that the broker wrote itself (segments rolled by segment.ms) and then stopped cleanly; the same log dir copied to each configuration. One broker is pointed at each in turn, in an order that rotates, the page cache dropped before each start; a start is timed from the process's start to \"Kafka Server started\", then the broker stops cleanly. Medians of %d starts; × plain and × mount: median of per-run ratios to the plain directory and to tierfs without a remote. On %s; %s.",
-			kafka.Version(), *partitions, segs, float64(bytes)/1e6, *runs, where, benchutil.Machine())},
+		Notes: []string{fmt.Sprintf("Kafka %s broker (KRaft, one node), one topic of %d partitions with %d segments (%.0f MB of .log) that the broker wrote itself (segments rolled by segment.ms) and then stopped cleanly; the same log dir copied to each configuration. One broker is pointed at each in turn, in an order that rotates, %s; a start is timed from the process's start to \"Kafka Server started\", then the broker stops cleanly. Medians of %d starts; × plain and × mount: median of per-run ratios to the plain directory and to tierfs without a remote. On %s; %s.",
+			kafka.Version(), *partitions, segs, float64(bytes)/1e6, cacheNote, *runs, where, benchutil.Machine())},
 		Header:   []string{"configuration", "start-up, s", "× plain", "× mount", "moves", "bytes hydrated", "bytes fetched", "local bytes grew by"},
 		Versions: map[string]string{"Kafka": kafka.Version()},
 	}
