@@ -17,26 +17,39 @@ type partIndexes struct {
 	log *slog.Logger
 
 	mu    sync.Mutex
-	files map[string]*idx.File   // by partition; GUARDED_BY(mu)
-	locks map[string]*sync.Mutex // by partition; GUARDED_BY(mu)
+	files map[string]*idx.File // by partition; GUARDED_BY(mu)
+	locks partitionLocks       // a change of a partition's index holds its lock
 }
 
-func newPartIndexes(dir func() string, log *slog.Logger) *partIndexes {
-	return &partIndexes{dir: dir, log: log, files: map[string]*idx.File{}, locks: map[string]*sync.Mutex{}}
+// partitionLocks is a mutex for each partition, made at its first use and
+// kept for good (about 100 bytes each).
+type partitionLocks struct {
+	mu sync.Mutex
+	m  map[string]*sync.Mutex // GUARDED_BY(mu)
 }
 
-// lock holds the partition's index for a change until unlock.
-func (x *partIndexes) lock(partition string) (unlock func()) {
-	x.mu.Lock()
-	m := x.locks[partition]
+// lock holds partition's mutex until unlock.
+func (p *partitionLocks) lock(partition string) (unlock func()) {
+	p.mu.Lock()
+	m := p.m[partition]
 	if m == nil {
+		if p.m == nil {
+			p.m = map[string]*sync.Mutex{}
+		}
 		m = &sync.Mutex{}
-		x.locks[partition] = m
+		p.m[partition] = m
 	}
-	x.mu.Unlock()
+	p.mu.Unlock()
 	m.Lock()
 	return m.Unlock
 }
+
+func newPartIndexes(dir func() string, log *slog.Logger) *partIndexes {
+	return &partIndexes{dir: dir, log: log, files: map[string]*idx.File{}}
+}
+
+// lock holds the partition's index for a change until unlock.
+func (x *partIndexes) lock(partition string) (unlock func()) { return x.locks.lock(partition) }
 
 // path is the directory of a partition's index.
 func (x *partIndexes) path(partition string) string {

@@ -29,15 +29,17 @@ type shipmentCatalog struct {
 	dir func() string // the state dir (known once the mount holds it)
 	log *slog.Logger
 
+	// writing has a lock for each partition, which a write holds across
+	// its log's sync and the change of memory that follows.
+	writing partitionLocks
 	// mu guards the maps below and is never held across a disk write:
 	// a write holds its partition's writing lock instead, so writes of
 	// different partitions sync at once (a journalled file system joins
 	// their syncs in one commit) while reads go on.
-	mu      sync.Mutex
-	writing map[string]*sync.Mutex             // by partition, one each, kept for good; GUARDED_BY(mu)
-	loaded  bool                               // GUARDED_BY(mu)
-	byPart  map[string]map[string]keptShipment // partition → object key → shipment; GUARDED_BY(mu)
-	logs    map[string]*keylog.Log             // by partition; GUARDED_BY(mu)
+	mu     sync.Mutex
+	loaded bool                               // GUARDED_BY(mu)
+	byPart map[string]map[string]keptShipment // partition → object key → shipment; GUARDED_BY(mu)
+	logs   map[string]*keylog.Log             // by partition; GUARDED_BY(mu)
 	// Kept shipments hold their objects as in their log line (from the
 	// stem mark on), each such name once for all (most are the same
 	// eleven): a whole key per object would be most of the catalog's
@@ -47,7 +49,7 @@ type shipmentCatalog struct {
 }
 
 func newShipmentCatalog(dir func() string, log *slog.Logger) *shipmentCatalog {
-	return &shipmentCatalog{dir: dir, log: log, writing: map[string]*sync.Mutex{}, byPart: map[string]map[string]keptShipment{}, logs: map[string]*keylog.Log{}, names: map[string]string{}, lists: map[string][]string{}}
+	return &shipmentCatalog{dir: dir, log: log, byPart: map[string]map[string]keptShipment{}, logs: map[string]*keylog.Log{}, names: map[string]string{}, lists: map[string][]string{}}
 }
 
 func (c *shipmentCatalog) root() string { return filepath.Join(c.dir(), "shipments") }
@@ -205,29 +207,24 @@ func (c *shipmentCatalog) putAll(ss []Shipment) error {
 // and to memory, keep one order.
 func (c *shipmentCatalog) writeLog(partition string, open bool) (l *keylog.Log, unlock func(), err error) {
 	c.mu.Lock()
-	if err := c.loadLocked(); err != nil {
-		c.mu.Unlock()
+	err = c.loadLocked()
+	c.mu.Unlock()
+	if err != nil {
 		return nil, nil, err
 	}
-	w := c.writing[partition]
-	if w == nil {
-		w = &sync.Mutex{}
-		c.writing[partition] = w
-	}
-	c.mu.Unlock()
-	w.Lock()
+	unlock = c.writing.lock(partition)
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	// Under the writing lock no other write opens or drops this
 	// partition's log: there is never a second Log of its file.
 	if l = c.logs[partition]; l == nil && open {
 		if l, err = c.openLog(partition); err != nil {
-			w.Unlock()
+			unlock()
 			return nil, nil, err
 		}
 		c.logs[partition] = l
 	}
-	return l, w.Unlock, nil
+	return l, unlock, nil
 }
 
 // remove deletes the shipment of key in partition, if any.
