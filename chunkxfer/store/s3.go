@@ -54,11 +54,20 @@ func (o S3Options) String() string {
 // maxIdleConns is how many idle connections the client keeps.
 const maxIdleConns = 512
 
+// call runs an SDK call on a goroutine of s's pool (see callPool).
+func call[T any](s *S3, f func() (T, error)) (T, error) {
+	var v T
+	var err error
+	s.calls.run(func() { v, err = f() })
+	return v, err
+}
+
 // S3 is a Store on an S3 bucket, through aws-sdk-go-v2.
 type S3 struct {
 	c      *s3.Client
 	bucket string
 	prefix string
+	calls  *callPool
 }
 
 // NewS3 builds the client; it makes no request.
@@ -122,13 +131,15 @@ func NewS3(ctx context.Context, o S3Options) (*S3, error) {
 		}
 		so.UsePathStyle = o.PathStyle
 	})
-	return &S3{c: c, bucket: o.Bucket, prefix: o.Prefix}, nil
+	return &S3{c: c, bucket: o.Bucket, prefix: o.Prefix, calls: newCallPool(poolWorkers, poolIdle)}, nil
 }
 
 // CreateBucket creates the bucket (for tests and first setup); an
 // existing bucket owned by the caller is not an error.
 func (s *S3) CreateBucket(ctx context.Context) error {
-	_, err := s.c.CreateBucket(ctx, &s3.CreateBucketInput{Bucket: &s.bucket})
+	_, err := call(s, func() (*s3.CreateBucketOutput, error) {
+		return s.c.CreateBucket(ctx, &s3.CreateBucketInput{Bucket: &s.bucket})
+	})
 	var owned *types.BucketAlreadyOwnedByYou
 	if errors.As(err, &owned) {
 		return nil
@@ -191,7 +202,7 @@ func (s *S3) Get(ctx context.Context, key string, off, n int64, opt GetOptions) 
 	case off > 0:
 		in.Range = aws.String(fmt.Sprintf("bytes=%d-", off))
 	}
-	out, err := s.c.GetObject(ctx, in)
+	out, err := call(s, func() (*s3.GetObjectOutput, error) { return s.c.GetObject(ctx, in) })
 	if err != nil {
 		var re *awshttp.ResponseError
 		if errors.As(err, &re) && re.HTTPStatusCode() == http.StatusRequestedRangeNotSatisfiable {
@@ -211,7 +222,9 @@ func (s *S3) Head(ctx context.Context, key string) (ObjectInfo, error) {
 	if err != nil {
 		return ObjectInfo{}, err
 	}
-	out, err := s.c.HeadObject(ctx, &s3.HeadObjectInput{Bucket: &s.bucket, Key: &k})
+	out, err := call(s, func() (*s3.HeadObjectOutput, error) {
+		return s.c.HeadObject(ctx, &s3.HeadObjectInput{Bucket: &s.bucket, Key: &k})
+	})
 	if err != nil {
 		return ObjectInfo{}, mapS3("head", key, err)
 	}
@@ -223,7 +236,9 @@ func (s *S3) Put(ctx context.Context, key string, body io.ReadSeeker, size int64
 	if err != nil {
 		return ObjectInfo{}, err
 	}
-	out, err := s.c.PutObject(ctx, &s3.PutObjectInput{Bucket: &s.bucket, Key: &k, Body: body, ContentLength: aws.Int64(size)})
+	out, err := call(s, func() (*s3.PutObjectOutput, error) {
+		return s.c.PutObject(ctx, &s3.PutObjectInput{Bucket: &s.bucket, Key: &k, Body: body, ContentLength: aws.Int64(size)})
+	})
 	if err != nil {
 		return ObjectInfo{}, mapS3("put", key, err)
 	}
@@ -244,7 +259,7 @@ func (s *S3) PutIf(ctx context.Context, key string, body io.ReadSeeker, size int
 	} else {
 		in.IfMatch = aws.String(cond.IfMatch)
 	}
-	out, err := s.c.PutObject(ctx, in)
+	out, err := call(s, func() (*s3.PutObjectOutput, error) { return s.c.PutObject(ctx, in) })
 	if err != nil {
 		// 409 ConditionalRequestConflict: another conditional write won
 		// the race; to the caller the same as a failed condition.
@@ -268,7 +283,9 @@ func (s *S3) Delete(ctx context.Context, key string) error {
 	if err != nil {
 		return err
 	}
-	_, err = s.c.DeleteObject(ctx, &s3.DeleteObjectInput{Bucket: &s.bucket, Key: &k})
+	_, err = call(s, func() (*s3.DeleteObjectOutput, error) {
+		return s.c.DeleteObject(ctx, &s3.DeleteObjectInput{Bucket: &s.bucket, Key: &k})
+	})
 	if err = mapS3("delete", key, err); errors.Is(err, ErrNotFound) {
 		return nil
 	}
@@ -282,7 +299,7 @@ func (s *S3) List(ctx context.Context, prefix string) ([]ObjectInfo, error) {
 	var out []ObjectInfo
 	p := s3.NewListObjectsV2Paginator(s.c, &s3.ListObjectsV2Input{Bucket: &s.bucket, Prefix: aws.String(s.prefix + prefix)})
 	for p.HasMorePages() {
-		page, err := p.NextPage(ctx)
+		page, err := call(s, func() (*s3.ListObjectsV2Output, error) { return p.NextPage(ctx) })
 		if err != nil {
 			return nil, mapS3("list", prefix, err)
 		}
@@ -299,7 +316,9 @@ func (s *S3) CreateMultipart(ctx context.Context, key string) (string, error) {
 	if err != nil {
 		return "", err
 	}
-	out, err := s.c.CreateMultipartUpload(ctx, &s3.CreateMultipartUploadInput{Bucket: &s.bucket, Key: &k})
+	out, err := call(s, func() (*s3.CreateMultipartUploadOutput, error) {
+		return s.c.CreateMultipartUpload(ctx, &s3.CreateMultipartUploadInput{Bucket: &s.bucket, Key: &k})
+	})
 	if err != nil {
 		return "", mapS3("create multipart", key, err)
 	}
@@ -314,7 +333,9 @@ func (s *S3) UploadPart(ctx context.Context, key, id string, num int32, body io.
 	if num < 1 || num > MaxParts {
 		return Part{}, fmt.Errorf("part number %d outside 1..%d", num, MaxParts)
 	}
-	out, err := s.c.UploadPart(ctx, &s3.UploadPartInput{Bucket: &s.bucket, Key: &k, UploadId: &id, PartNumber: aws.Int32(num), Body: body, ContentLength: aws.Int64(size)})
+	out, err := call(s, func() (*s3.UploadPartOutput, error) {
+		return s.c.UploadPart(ctx, &s3.UploadPartInput{Bucket: &s.bucket, Key: &k, UploadId: &id, PartNumber: aws.Int32(num), Body: body, ContentLength: aws.Int64(size)})
+	})
 	if err != nil {
 		return Part{}, mapS3(fmt.Sprintf("upload part %d of", num), key, err)
 	}
@@ -329,7 +350,7 @@ func (s *S3) ListParts(ctx context.Context, key, id string) ([]Part, error) {
 	var out []Part
 	p := s3.NewListPartsPaginator(s.c, &s3.ListPartsInput{Bucket: &s.bucket, Key: &k, UploadId: &id})
 	for p.HasMorePages() {
-		page, err := p.NextPage(ctx)
+		page, err := call(s, func() (*s3.ListPartsOutput, error) { return p.NextPage(ctx) })
 		if err != nil {
 			return nil, mapS3("list parts", key, err)
 		}
@@ -352,8 +373,10 @@ func (s *S3) CompleteMultipart(ctx context.Context, key, id string, parts []Part
 		cp = append(cp, types.CompletedPart{PartNumber: aws.Int32(p.Number), ETag: aws.String(p.ETag)})
 		size += p.Size
 	}
-	out, err := s.c.CompleteMultipartUpload(ctx, &s3.CompleteMultipartUploadInput{
-		Bucket: &s.bucket, Key: &k, UploadId: &id, MultipartUpload: &types.CompletedMultipartUpload{Parts: cp},
+	out, err := call(s, func() (*s3.CompleteMultipartUploadOutput, error) {
+		return s.c.CompleteMultipartUpload(ctx, &s3.CompleteMultipartUploadInput{
+			Bucket: &s.bucket, Key: &k, UploadId: &id, MultipartUpload: &types.CompletedMultipartUpload{Parts: cp},
+		})
 	})
 	if err != nil {
 		return ObjectInfo{}, mapS3("complete multipart", key, err)
@@ -366,7 +389,9 @@ func (s *S3) AbortMultipart(ctx context.Context, key, id string) error {
 	if err != nil {
 		return err
 	}
-	_, err = s.c.AbortMultipartUpload(ctx, &s3.AbortMultipartUploadInput{Bucket: &s.bucket, Key: &k, UploadId: &id})
+	_, err = call(s, func() (*s3.AbortMultipartUploadOutput, error) {
+		return s.c.AbortMultipartUpload(ctx, &s3.AbortMultipartUploadInput{Bucket: &s.bucket, Key: &k, UploadId: &id})
+	})
 	return mapS3("abort multipart", key, err)
 }
 
@@ -377,7 +402,7 @@ func (s *S3) ListMultipart(ctx context.Context, prefix string) ([]Upload, error)
 	var out []Upload
 	in := &s3.ListMultipartUploadsInput{Bucket: &s.bucket, Prefix: aws.String(s.prefix + prefix)}
 	for {
-		page, err := s.c.ListMultipartUploads(ctx, in)
+		page, err := call(s, func() (*s3.ListMultipartUploadsOutput, error) { return s.c.ListMultipartUploads(ctx, in) })
 		if err != nil {
 			return nil, mapS3("list multipart", prefix, err)
 		}
