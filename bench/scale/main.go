@@ -320,16 +320,17 @@ func measureFollower(c config, work, fbacking, fmnt, remote string, storeEnv []s
 
 // heapLine is what the Go heap of the mount serving metrics at addr
 // holds: in use, the size the next collection runs at, and what it
-// holds free but has not given back to the system.
+// holds free but has not given back to the system; and its goroutines
+// and their stacks.
 func heapLine(addr string) string {
-	var v [4]float64
-	for i, m := range []string{"go_memstats_heap_inuse_bytes", "go_memstats_next_gc_bytes", "go_memstats_heap_idle_bytes", "go_memstats_heap_released_bytes"} {
+	var v [6]float64
+	for i, m := range []string{"go_memstats_heap_inuse_bytes", "go_memstats_next_gc_bytes", "go_memstats_heap_idle_bytes", "go_memstats_heap_released_bytes", "go_memstats_stack_inuse_bytes", "go_goroutines"} {
 		var err error
 		if v[i], err = benchutil.Metric(addr, m); err != nil {
 			return "unknown: " + err.Error()
 		}
 	}
-	return fmt.Sprintf("%s in use, next collection at %s, %s free and not given back", size(int64(v[0])), size(int64(v[1])), size(int64(v[2]-v[3])))
+	return fmt.Sprintf("%s in use, next collection at %s, %s free and not given back; %d goroutines, %s of stacks", size(int64(v[0])), size(int64(v[1])), size(int64(v[2]-v[3])), int(v[5]), size(int64(v[4])))
 }
 
 // idleCPU is the share of a core process pid used over d.

@@ -85,15 +85,25 @@ func runMount(c *cli.Context) error {
 		}
 		defer func() { pprof.StopCPUProfile(); f.Close() }()
 	}
-	// And a heap profile of what is live when the mount ends.
+	// And a heap profile of what is live when the mount ends, or when
+	// it gets SIGUSR1 (of a mount at rest, whose memory the end of the
+	// mount has let go of already).
 	if p := os.Getenv("TIERFS_MEMPROFILE"); p != "" {
-		defer func() {
+		writeHeap := func() {
 			runtime.GC() // the profile's in-use figures are as of the last collection
 			if f, err := os.Create(p); err == nil {
 				pprof.WriteHeapProfile(f)
 				f.Close()
 			}
+		}
+		usr1 := make(chan os.Signal, 1)
+		signal.Notify(usr1, syscall.SIGUSR1)
+		go func() {
+			for range usr1 {
+				writeHeap()
+			}
 		}()
+		defer func() { signal.Stop(usr1); writeHeap() }()
 	}
 	sizes, err := sizeFlags(c, "local-retention-bytes", "local-retention-total-bytes", "cache-bytes")
 	if err != nil {
