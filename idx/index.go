@@ -83,7 +83,26 @@ func ParseIndex(name string, data []byte) (x *Index, valid int64, err error) {
 		}
 		pos += n
 	}
+	x.ownRDIs()
 	return x, int64(pos), nil
+}
+
+// ownRDIs copies the RDIs of the entries, which alias the file's bytes,
+// into one buffer of their own: a mount holds every partition's index,
+// and the file's entry headers (most of its bytes, for small segments)
+// need not stay in memory with them. Each RDI keeps its own capacity, so
+// none can grow into the next.
+func (x *Index) ownRDIs() {
+	n := 0
+	for _, e := range x.ents {
+		n += len(e.RDI)
+	}
+	buf := make([]byte, 0, n)
+	for i := range x.ents {
+		at := len(buf)
+		buf = append(buf, x.ents[i].RDI...)
+		x.ents[i].RDI = buf[at:len(buf):len(buf)]
+	}
 }
 
 // add adds a decoded entry (RDI already owned) to the in-memory index at

@@ -500,3 +500,30 @@ func TestFileTombstones(t *testing.T) {
 		t.Fatalf("temporary left: %v", err)
 	}
 }
+
+// TestParseIndexOwnsItsRDIs: a parsed index keeps none of the file's
+// bytes (a mount holds every partition's index), and no RDI can grow
+// into another.
+func TestParseIndexOwnsItsRDIs(t *testing.T) {
+	es := partitionEntries()
+	data := encodeAll(t, es)
+	x, _, err := ParseIndex("idx", data)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for i := range data {
+		data[i] = 0xff
+	}
+	if x.Len() != len(es) {
+		t.Fatalf("%d entries, want %d", x.Len(), len(es))
+	}
+	for i := range es {
+		if got := x.Entry(i).RDI; !bytes.Equal(got, es[i].RDI) {
+			t.Fatalf("entry %d: RDI %q after the file's bytes changed, want %q", i, got, es[i].RDI)
+		}
+	}
+	grown := append(x.Entry(0).RDI, "XXXXXXXX"...)
+	if !bytes.Equal(x.Entry(1).RDI, es[1].RDI) || !bytes.HasPrefix(grown, es[0].RDI) {
+		t.Fatalf("an append to one RDI changed the next: %q", x.Entry(1).RDI)
+	}
+}
