@@ -42,7 +42,7 @@ func TestRecordsFollowTheCtime(t *testing.T) {
 	}
 	// Shipped behind its back: the old ctime still gives what was read.
 	rec := Record{State: StateShipped, Key: "k", Ino: seg.Ino, Size: seg.Size, MtimeNs: seg.Mtime.UnixNano()}
-	if err := writeRecord(seg.Path, rec); err != nil {
+	if err := writeRecord(seg.LogPath(), rec); err != nil {
 		t.Fatal(err)
 	}
 	if rs, _ := rc.of(seg); rs.Has {
@@ -59,7 +59,7 @@ func TestRecordsFollowTheCtime(t *testing.T) {
 	}
 	// A record of another version of the file (Kafka truncated it
 	// since) is not of the same file.
-	if err := writeRecord(seg.Path, Record{State: StateShipped, Key: "k", Ino: seg.Ino, Size: seg.Size + 1, MtimeNs: seg.Mtime.UnixNano()}); err != nil {
+	if err := writeRecord(seg.LogPath(), Record{State: StateShipped, Key: "k", Ino: seg.Ino, Size: seg.Size + 1, MtimeNs: seg.Mtime.UnixNano()}); err != nil {
 		t.Fatal(err)
 	}
 	p, _ = ScanPartition(root, "orders-0")

@@ -120,7 +120,7 @@ func checkPassView(t *testing.T, tr *Tierer, root, at string) {
 		t.Fatal(err)
 	}
 	want, err := Summarize(root, func(seg Segment) tiered.State {
-		rec, has, _ := readRecord(seg.Path)
+		rec, has, _ := readRecord(seg.LogPath())
 		if !has {
 			return StateLocal
 		}
@@ -151,13 +151,13 @@ func checkPassView(t *testing.T, tr *Tierer, root, at string) {
 		}
 		for j, seg := range p.Segments {
 			fs := f.Segments[j]
-			if seg.Path != fs.Path || seg.Ino != fs.Ino || seg.Size != fs.Size || !seg.Mtime.Equal(fs.Mtime) {
-				t.Fatalf("%s: %s is %d bytes (ino %d, mtime %v), a full scan says %d (ino %d, mtime %v)", at, seg.Path, seg.Size, seg.Ino, seg.Mtime, fs.Size, fs.Ino, fs.Mtime)
+			if seg.LogPath() != fs.LogPath() || seg.Ino != fs.Ino || seg.Size != fs.Size || !seg.Mtime.Equal(fs.Mtime) {
+				t.Fatalf("%s: %s is %d bytes (ino %d, mtime %v), a full scan says %d (ino %d, mtime %v)", at, seg.LogPath(), seg.Size, seg.Ino, seg.Mtime, fs.Size, fs.Ino, fs.Mtime)
 			}
 			got, _ := tr.records.of(seg)
-			rec, has, _ := readRecord(seg.Path)
+			rec, has, _ := readRecord(seg.LogPath())
 			if want := stateOf(seg, rec, has); got != want || has && !got.names(rec.Key) {
-				t.Fatalf("%s: the record of %s is %+v, on disk %+v (%+v)", at, seg.Path, got, want, rec)
+				t.Fatalf("%s: the record of %s is %+v, on disk %+v (%+v)", at, seg.LogPath(), got, want, rec)
 			}
 		}
 	}

@@ -60,8 +60,8 @@ func (ev *evictor) evictUnderRetention(ctx context.Context, parts []Partition, n
 				rest = append(rest, cd)
 				continue
 			}
-			if err := ev.Evict(cd.seg.Path); err != nil {
-				errs = append(errs, ev.t.status.noteErr(p.Name, fmt.Errorf("evict %s: %w", cd.seg.Path, err)))
+			if err := ev.Evict(cd.seg.LogPath()); err != nil {
+				errs = append(errs, ev.t.status.noteErr(p.Name, fmt.Errorf("evict %s: %w", cd.seg.LogPath(), err)))
 				rest = append(rest, cd)
 				continue
 			}
@@ -76,8 +76,8 @@ func (ev *evictor) evictUnderRetention(ctx context.Context, parts []Partition, n
 			if total <= c.LocalRetentionTotalBytes {
 				break
 			}
-			if err := ev.Evict(cd.seg.Path); err != nil {
-				errs = append(errs, ev.t.status.noteErr(cd.part, fmt.Errorf("evict %s: %w", cd.seg.Path, err)))
+			if err := ev.Evict(cd.seg.LogPath()); err != nil {
+				errs = append(errs, ev.t.status.noteErr(cd.part, fmt.Errorf("evict %s: %w", cd.seg.LogPath(), err)))
 				continue
 			}
 			total -= cd.seg.Size
@@ -145,7 +145,7 @@ func (ev *evictor) Evict(path string) error {
 	// each reads the record again before it reads any.
 	ev.t.changed(rec.Ino)
 	ev.t.crashPoint(CrashEvictMarked)
-	if _, err := ev.finishEvict(Segment{Path: path}, rec); err != nil {
+	if _, err := ev.finishEvict(segmentAt(path), rec); err != nil {
 		return err
 	}
 	ev.t.counters.EvictedSegments.Add(1)
@@ -157,7 +157,7 @@ func (ev *evictor) Evict(path string) error {
 // finishEvictRead is finishEvict with the record read from the file
 // (the records cache keeps only its state).
 func (ev *evictor) finishEvictRead(seg Segment) (bool, error) {
-	rec, has, err := readRecord(seg.Path)
+	rec, has, err := readRecord(seg.LogPath())
 	if err != nil || !has || rec.State != StateRemote {
 		return false, err // changed since: the next pass sees it as it is
 	}
@@ -171,7 +171,7 @@ func (ev *evictor) finishEvict(seg Segment, rec Record) (bool, error) {
 	if rec.Freed {
 		return false, nil
 	}
-	f, err := os.OpenFile(seg.Path, os.O_RDWR, 0)
+	f, err := os.OpenFile(seg.LogPath(), os.O_RDWR, 0)
 	if err != nil {
 		return false, err
 	}
@@ -181,23 +181,23 @@ func (ev *evictor) finishEvict(seg Segment, rec Record) (bool, error) {
 		return false, err
 	}
 	if st.Ino != rec.Ino || st.Size != rec.Size {
-		return false, fmt.Errorf("%s is marked remote but is another file now (inode %d, %d bytes; recorded %d, %d bytes)", seg.Path, st.Ino, st.Size, rec.Ino, rec.Size)
+		return false, fmt.Errorf("%s is marked remote but is another file now (inode %d, %d bytes; recorded %d, %d bytes)", seg.LogPath(), st.Ino, st.Size, rec.Ino, rec.Size)
 	}
 	if st.Size == 0 {
 		// Nothing to free (the cleaner can leave empty segments).
 	} else if err := unix.Fallocate(int(f.Fd()), unix.FALLOC_FL_PUNCH_HOLE|unix.FALLOC_FL_KEEP_SIZE, 0, st.Size); err != nil {
-		return false, fmt.Errorf("free %s: %w", seg.Path, err)
+		return false, fmt.Errorf("free %s: %w", seg.LogPath(), err)
 	}
 	mt := unix.NsecToTimespec(rec.MtimeNs)
 	at := unix.Timespec{Sec: st.Atim.Sec, Nsec: st.Atim.Nsec}
-	if err := unix.UtimesNanoAt(unix.AT_FDCWD, seg.Path, []unix.Timespec{at, mt}, 0); err != nil {
+	if err := unix.UtimesNanoAt(unix.AT_FDCWD, seg.LogPath(), []unix.Timespec{at, mt}, 0); err != nil {
 		return false, err
 	}
 	if err := f.Sync(); err != nil {
 		return false, err
 	}
 	rec.Freed = true
-	return true, writeRecord(seg.Path, rec)
+	return true, writeRecord(seg.LogPath(), rec)
 }
 
 // retentionDue is when a local retention age falls due in partition p:

@@ -111,7 +111,8 @@ func (t *Tierer) AdoptRemote(ctx context.Context, rel string, desc []byte, mode 
 	if err := syscall.Fstat(int(f.Fd()), &st); err != nil {
 		return "", err
 	}
-	seg := Segment{Partition: dir, Base: sn.BaseOffset, Path: tmp}
+	seg := segmentAt(tmp)
+	seg.Partition, seg.Base = dir, sn.BaseOffset
 	key := t.shipper.identityKey(seg, st.Ino, rc.Size, rc.MtimeNs, kafka.KindLog)
 	holder := holderOf(key)
 	sh := Shipment{State: ShipmentShipping, Partition: dir, Base: sn.BaseOffset, Key: key, Ino: st.Ino, Since: t.cfg.Now(), Objects: refsOf(extentKeys(rc.Extents), holder)}

@@ -35,10 +35,10 @@ func (t *Tierer) HydrateNow(ctx context.Context, rel string, progress chunkxfer.
 	if err != nil {
 		return 0, err
 	}
-	if err := t.hydrator.Hydrate(ctx, seg.Path, progress); err != nil {
+	if err := t.hydrator.Hydrate(ctx, seg.LogPath(), progress); err != nil {
 		return StateRemote, t.status.noteErr(seg.Partition, fmt.Errorf("hydrate %s: %w", rel, err))
 	}
-	st, _, err := t.copies.stateOf(seg.Path)
+	st, _, err := t.copies.stateOf(seg.LogPath())
 	return st, err
 }
 

@@ -26,7 +26,7 @@ func (t *Tierer) ShipNow(ctx context.Context, rel string, progress chunkxfer.Pro
 	if err != nil {
 		return 0, err
 	}
-	rec, has, err := readRecord(seg.Path)
+	rec, has, err := readRecord(seg.LogPath())
 	if err != nil {
 		return 0, err
 	}
@@ -67,9 +67,9 @@ func (t *Tierer) EvictNow(ctx context.Context, rel string, progress chunkxfer.Pr
 	if err != nil {
 		return 0, err
 	}
-	if err := t.evictor.Evict(seg.Path); err != nil {
+	if err := t.evictor.Evict(seg.LogPath()); err != nil {
 		return st, t.status.noteErr(seg.Partition, fmt.Errorf("evict %s: %w", rel, err))
 	}
-	rec, _, err := readRecord(seg.Path)
+	rec, _, err := readRecord(seg.LogPath())
 	return rec.State, err
 }

@@ -550,7 +550,7 @@ func (ms *moves) recoverMove(p string) error {
 		return err
 	}
 	if rec.State == StateRemote && !rec.Freed {
-		if _, err := ms.t.evictor.finishEvict(Segment{Path: path}, rec); err != nil {
+		if _, err := ms.t.evictor.finishEvict(segmentAt(path), rec); err != nil {
 			f.Close()
 			return err
 		}

@@ -85,9 +85,9 @@ func TestPartStatus(t *testing.T) {
 	if got := ps.noteErr("a-0", err); got != err {
 		t.Fatal("noteErr does not return its error")
 	}
-	ps.noteKept("a-0", Segment{Path: "/x/a-0/00000000000000000010.log"}, "not flushed")
-	ps.noteKept("a-0", Segment{Path: "/x/a-0/00000000000000000020.log"}, "later")
-	ps.noteKept("b-0", Segment{Path: "/x/b-0/00000000000000000000.log"}, "held open")
+	ps.noteKept("a-0", segmentAt("/x/a-0/00000000000000000010.log"), "not flushed")
+	ps.noteKept("a-0", segmentAt("/x/a-0/00000000000000000020.log"), "later")
+	ps.noteKept("b-0", segmentAt("/x/b-0/00000000000000000000.log"), "held open")
 	all := ps.all()
 	if all["a-0"].Err != "boom" || !all["a-0"].Time.Equal(now) || all["a-0"].Kept != "00000000000000000010.log: not flushed" || all["b-0"].Kept == "" {
 		t.Fatalf("%+v", all)

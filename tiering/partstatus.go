@@ -47,7 +47,7 @@ func (ps *partStatus) noteKept(partition string, seg Segment, why string) {
 		return
 	}
 	if _, ok := ps.kept[partition]; !ok {
-		ps.kept[partition] = fmt.Sprintf("%s: %s", filepath.Base(seg.Path), why)
+		ps.kept[partition] = fmt.Sprintf("%s: %s", filepath.Base(seg.LogPath()), why)
 	}
 }
 

@@ -89,7 +89,7 @@ func (rc *records) of(seg Segment) (recordState, error) {
 			return c.rs, nil
 		}
 	}
-	rec, has, err := readRecord(seg.Path)
+	rec, has, err := readRecord(seg.LogPath())
 	if err != nil {
 		return recordState{}, err
 	}

@@ -236,7 +236,7 @@ func (s *partScan) current() Partition {
 	}
 	last := p.Segments[n-1]
 	var st syscall.Stat_t
-	if syscall.Stat(last.Path, &st) != nil || st.Ino != last.Ino {
+	if syscall.Stat(last.LogPath(), &st) != nil || st.Ino != last.Ino {
 		return p
 	}
 	if st.Size == last.Size && st.Mtim.Nano() == last.Mtime.UnixNano() && st.Ctim.Nano() == last.Ctime && st.Blocks*512 == last.Alloc {
@@ -260,7 +260,7 @@ func changedInPlace(old, now Partition) string {
 			break // the active segment grows
 		}
 		if a.Ino != b.Ino || a.Size != b.Size || !a.Mtime.Equal(b.Mtime) {
-			return filepath.Base(b.Path)
+			return filepath.Base(b.LogPath())
 		}
 	}
 	return ""

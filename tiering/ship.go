@@ -48,11 +48,11 @@ func (sp *shipper) cover(ctx context.Context, seg Segment, f *idx.File, keyAt fu
 	if len(ents) == 0 {
 		return cov, nil, nil
 	}
-	lf, err := os.Open(seg.Path)
+	lf, err := os.Open(seg.LogPath())
 	if err != nil {
 		return cov, nil, err
 	}
-	batches, err := idx.BatchRefs(seg.Path, lf, seg.Size, 0)
+	batches, err := idx.BatchRefs(seg.LogPath(), lf, seg.Size, 0)
 	lf.Close()
 	var fe *idx.FormatError
 	if errors.As(err, &fe) {
@@ -172,7 +172,7 @@ func (sp *shipper) shipPartition(ctx context.Context, p Partition, cp Checkpoint
 			}
 			return false
 		case err != nil:
-			rep.Errors = append(rep.Errors, sp.t.status.noteErr(partition, fmt.Errorf("ship %s: %w", seg.Path, err)))
+			rep.Errors = append(rep.Errors, sp.t.status.noteErr(partition, fmt.Errorf("ship %s: %w", seg.LogPath(), err)))
 			blocked = "an earlier segment failed"
 			return false
 		}
@@ -224,9 +224,9 @@ func (sp *shipper) shipPartition(ctx context.Context, p Partition, cp Checkpoint
 			// Changed after it shipped (Kafka truncated it): the copy is
 			// stale. Forget it; followDeletions deletes it and the file
 			// ships again when it is eligible.
-			stale, _, _ := readRecord(seg.Path)
-			sp.t.cfg.Log.Warn("shipped segment changed; its remote copy is stale", "segment", seg.Path, "key", stale.Key)
-			if err := unix.Removexattr(seg.Path, recordXattr); err != nil {
+			stale, _, _ := readRecord(seg.LogPath())
+			sp.t.cfg.Log.Warn("shipped segment changed; its remote copy is stale", "segment", seg.LogPath(), "key", stale.Key)
+			if err := unix.Removexattr(seg.LogPath(), recordXattr); err != nil {
 				rep.Errors = append(rep.Errors, sp.t.status.noteErr(p.Name, err))
 				blocked = "an earlier segment failed"
 				continue
@@ -371,12 +371,12 @@ func (sp *shipper) plan(ctx context.Context, seg Segment, sync bool) (_ *shipCom
 			c.release()
 		}
 	}()
-	if !sp.t.claims.take(pathClaim(seg.Path)) {
+	if !sp.t.claims.take(pathClaim(seg.LogPath())) {
 		return nil, nil
 	}
-	c.undo = append(c.undo, func() { sp.t.claims.release(pathClaim(seg.Path)) })
+	c.undo = append(c.undo, func() { sp.t.claims.release(pathClaim(seg.LogPath())) })
 	st := &c.st
-	if err := syscall.Stat(seg.Path, st); err != nil {
+	if err := syscall.Stat(seg.LogPath(), st); err != nil {
 		return nil, err
 	}
 	key := sp.objectKey(seg, st, ".log")
@@ -489,8 +489,8 @@ func (sp *shipper) mapOnto(ctx context.Context, seg Segment, st *syscall.Stat_t,
 	keys := extentKeys(cov.Extents)
 	sh := Shipment{State: ShipmentShipping, Partition: seg.Partition, Base: seg.Base, Key: key, Ino: st.Ino, Since: sp.t.cfg.Now(), Objects: refsOf(keys, holder)}
 	var err error
-	if sh.HandleType, sh.Handle, err = fileHandle(seg.Path); err != nil {
-		sp.t.cfg.Log.Debug("no file handle", "segment", seg.Path, "err", err)
+	if sh.HandleType, sh.Handle, err = fileHandle(seg.LogPath()); err != nil {
+		sp.t.cfg.Log.Debug("no file handle", "segment", seg.LogPath(), "err", err)
 	}
 	if err := sp.t.shipments.put(sh); err != nil {
 		return err
@@ -498,11 +498,11 @@ func (sp *shipper) mapOnto(ctx context.Context, seg Segment, st *syscall.Stat_t,
 	if err := sp.t.share.takeRefs(ctx, cov.Extents, holder); err != nil {
 		return err
 	}
-	if err := sameFile(seg.Path, st); err != nil {
+	if err := sameFile(seg.LogPath(), st); err != nil {
 		return err
 	}
 	rec := Record{State: StateShipped, Key: key, Size: st.Size, MtimeNs: st.Mtim.Nano(), Ino: st.Ino, Extents: cov.Extents}
-	if err := writeRecord(seg.Path, rec); err != nil {
+	if err := writeRecord(seg.LogPath(), rec); err != nil {
 		return err
 	}
 	sh.State, sh.Since = ShipmentShipped, sp.t.cfg.Now()
@@ -511,7 +511,7 @@ func (sp *shipper) mapOnto(ctx context.Context, seg Segment, st *syscall.Stat_t,
 	}
 	sp.t.counters.MappedSegments.Add(1)
 	sp.t.counters.MappedBytes.Add(st.Size)
-	sp.t.cfg.Log.Info("mapped onto the store's copy", "segment", seg.Path, "objects", len(keys), "bytes", st.Size)
+	sp.t.cfg.Log.Info("mapped onto the store's copy", "segment", seg.LogPath(), "objects", len(keys), "bytes", st.Size)
 	return nil
 }
 
@@ -587,7 +587,7 @@ func (sp *shipper) upload(ctx context.Context, c *shipCommit, progress chunkxfer
 	// the partition's index takes the segment's entries only after.
 	puts := []func() error{
 		func() (err error) {
-			if c.m, err = upload(ctx, seg.Path, key, from, progress); err != nil {
+			if c.m, err = upload(ctx, seg.LogPath(), key, from, progress); err != nil {
 				return err
 			}
 			if err := chunkxfer.Verify(ctx, sp.t.cfg.Store, c.m); err != nil {
@@ -762,7 +762,7 @@ func (sp *shipper) finish(ctx context.Context, c *shipCommit, indexed error) err
 		// Mapped instead; what this mount uploaded goes again.
 		sp.t.counters.WastedSegments.Add(1)
 		sp.t.counters.WastedBytes.Add(st.Size - from)
-		sp.t.cfg.Log.Info("another broker shipped the same offsets first: mapping onto its copy and deleting this upload", "segment", seg.Path, "key", key, "bytes", st.Size-from)
+		sp.t.cfg.Log.Info("another broker shipped the same offsets first: mapping onto its copy and deleting this upload", "segment", seg.LogPath(), "key", key, "bytes", st.Size-from)
 		return sp.mapOnto(ctx, seg, st, key, covered.cov)
 	case indexed != nil:
 		return indexed
@@ -810,14 +810,14 @@ func (sp *shipper) finishAll(cs []*shipCommit) []error {
 // file that was uploaded, and returns its shipment as shipped.
 func (sp *shipper) recordShipped(c *shipCommit) (Shipment, error) {
 	seg, st, key, from := c.seg, &c.st, c.key, c.from
-	if err := sameFile(seg.Path, st); err != nil {
+	if err := sameFile(seg.LogPath(), st); err != nil {
 		return Shipment{}, err
 	}
 	rec := Record{State: StateShipped, Key: key, ETag: c.m.ETag, Size: st.Size, MtimeNs: st.Mtim.Nano(), Ino: st.Ino}
 	if from > 0 {
 		rec.Extents = append(slices.Clone(c.cov.Extents), Extent{Pos: from, Len: st.Size - from, Key: key, ETag: c.m.ETag})
 	}
-	if err := writeRecord(seg.Path, rec); err != nil {
+	if err := writeRecord(seg.LogPath(), rec); err != nil {
 		return Shipment{}, err
 	}
 	sh := c.sh
@@ -833,7 +833,7 @@ func (sp *shipper) noteShipped(c *shipCommit) {
 	if from > 0 {
 		sp.t.counters.MappedBytes.Add(from)
 	}
-	sp.t.cfg.Log.Info("shipped", "segment", c.seg.Path, "key", c.key, "bytes", size-from, "from", from)
+	sp.t.cfg.Log.Info("shipped", "segment", c.seg.LogPath(), "key", c.key, "bytes", size-from, "from", from)
 }
 
 // putBatchList ships the batch list of the object key (the segment from
@@ -849,15 +849,15 @@ func (sp *shipper) putBatchList(ctx context.Context, seg Segment, key string, fr
 			}
 		}
 	} else {
-		f, err := os.Open(seg.Path)
+		f, err := os.Open(seg.LogPath())
 		if err != nil {
 			return err
 		}
-		list, err = idx.BatchRefs(seg.Path, f, seg.Size, from)
+		list, err = idx.BatchRefs(seg.LogPath(), f, seg.Size, from)
 		f.Close()
 		var fe *idx.FormatError
 		if errors.As(err, &fe) {
-			sp.t.cfg.Log.Debug("no batch list: not whole record batches", "segment", seg.Path, "err", err)
+			sp.t.cfg.Log.Debug("no batch list: not whole record batches", "segment", seg.LogPath(), "err", err)
 			return nil
 		}
 		if err != nil {
@@ -866,7 +866,7 @@ func (sp *shipper) putBatchList(ctx context.Context, seg Segment, key string, fr
 	}
 	b, err := idx.MarshalBatches(list)
 	if err != nil {
-		return fmt.Errorf("batch list of %s: %w", seg.Path, err)
+		return fmt.Errorf("batch list of %s: %w", seg.LogPath(), err)
 	}
 	_, err = sp.t.uploads.Put(ctx, batchesKey(key), bytes.NewReader(b), int64(len(b)))
 	return err
@@ -882,15 +882,15 @@ func (sp *shipper) putBatchList(ctx context.Context, seg Segment, key string, fr
 func (sp *shipper) shipmentOf(seg Segment, st *syscall.Stat_t, key string, from int64, refs []string) (sh Shipment, fresh bool, err error) {
 	if sh, err := sp.t.shipments.get(seg.Partition, key); err == nil {
 		if sh.State == ShipmentDeleting {
-			return sh, false, fmt.Errorf("%s: its remote copy is being deleted", seg.Path)
+			return sh, false, fmt.Errorf("%s: its remote copy is being deleted", seg.LogPath())
 		}
 		return sh, false, nil
 	} else if !os.IsNotExist(err) {
 		return sh, false, err
 	}
 	sh = Shipment{State: ShipmentShipping, Partition: seg.Partition, Base: seg.Base, Key: key, Ino: st.Ino, Since: sp.t.cfg.Now()}
-	if sh.HandleType, sh.Handle, err = fileHandle(seg.Path); err != nil {
-		sp.t.cfg.Log.Debug("no file handle", "segment", seg.Path, "err", err)
+	if sh.HandleType, sh.Handle, err = fileHandle(seg.LogPath()); err != nil {
+		sp.t.cfg.Log.Debug("no file handle", "segment", seg.LogPath(), "err", err)
 	}
 	if from == 0 {
 		for _, k := range sp.sidecarKeys(seg, st) {
@@ -909,13 +909,13 @@ func (sp *shipper) shipmentOf(seg Segment, st *syscall.Stat_t, key string, from 
 // .log first, then its indexes, snapshot and the partition's
 // leader-epoch-checkpoint, those that exist.
 func (sp *shipper) sidecarKeys(seg Segment, st *syscall.Stat_t) []sidecarKey {
-	out := []sidecarKey{{seg.Path, sp.objectKey(seg, st, ".log")}}
+	out := []sidecarKey{{seg.LogPath(), sp.objectKey(seg, st, ".log")}}
 	for _, kind := range []string{kafka.KindIndex, kafka.KindTimeIndex, kafka.KindTxnIndex, kafka.KindSnapshot} {
 		if p := sidecar(seg, kind); fileExists(p) {
 			out = append(out, sidecarKey{p, sp.objectKey(seg, st, kind)})
 		}
 	}
-	if p := filepath.Join(filepath.Dir(seg.Path), "leader-epoch-checkpoint"); fileExists(p) {
+	if p := filepath.Join(filepath.Dir(seg.LogPath()), "leader-epoch-checkpoint"); fileExists(p) {
 		out = append(out, sidecarKey{p, sp.objectKey(seg, st, ".leader-epoch-checkpoint")})
 	}
 	return out
@@ -975,7 +975,7 @@ func (sp *shipper) index(ctx context.Context, c *shipCommit, raced bool) error {
 			return err
 		}
 		sp.t.counters.IndexRaces.Add(1)
-		sp.t.cfg.Log.Info("another broker changed the partition's index first: appending again", "segment", seg.Path, "key", key, "try", try)
+		sp.t.cfg.Log.Info("another broker changed the partition's index first: appending again", "segment", seg.LogPath(), "key", key, "try", try)
 		if try == maxIndexTries {
 			return &WaitError{Why: fmt.Sprintf("lost the race to the store's index %d times (other brokers ship this partition too): appended again next pass", try)}
 		}
@@ -1023,17 +1023,17 @@ func (sp *shipper) entriesOf(f *idx.File, seg Segment, key string, from, at, obj
 	if have {
 		return nil, nil
 	}
-	lf, err := os.Open(seg.Path)
+	lf, err := os.Open(seg.LogPath())
 	if err != nil {
 		return nil, err
 	}
-	c, err := idx.ChunkSegment(seg.Path, io.NewSectionReader(lf, at, seg.Size-at), seg.Size-at, objBase, idx.ChunkOptions{})
+	c, err := idx.ChunkSegment(seg.LogPath(), io.NewSectionReader(lf, at, seg.Size-at), seg.Size-at, objBase, idx.ChunkOptions{})
 	lf.Close()
 	if err != nil {
 		return nil, err
 	}
 	if c.Opaque {
-		sp.t.cfg.Log.Warn("segment is not well-formed record batches; indexed as opaque chunks", "segment", seg.Path, "why", c.Reason)
+		sp.t.cfg.Log.Warn("segment is not well-formed record batches; indexed as opaque chunks", "segment", seg.LogPath(), "why", c.Reason)
 	}
 	es := make([]idx.Entry, 0, len(c.Chunks))
 	for _, ch := range c.Chunks {
@@ -1116,7 +1116,7 @@ func (sp *shipper) findSegment(rel string) (Segment, error) {
 		return Segment{}, err
 	}
 	for _, seg := range p.Segments {
-		if filepath.Base(seg.Path) == name {
+		if filepath.Base(seg.LogPath()) == name {
 			return seg, nil
 		}
 	}

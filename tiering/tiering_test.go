@@ -251,7 +251,7 @@ func TestEligibility(t *testing.T) {
 }
 
 func kafkaName(base int64, ext string) string {
-	return strings.TrimSuffix(filepath.Base(sidecar(Segment{Path: "/x/y", Base: base}, ".log")), ".log") + ext
+	return strings.TrimSuffix(filepath.Base(sidecar(Segment{Dir: "/x", path: "/x/y", Base: base}, ".log")), ".log") + ext
 }
 
 // TestEvictChecksTheCopyIsStillThere: a shipped segment whose object

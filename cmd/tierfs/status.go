@@ -144,7 +144,7 @@ func statusJSON(w io.Writer, root string, lastErr map[string]tiering.PartitionEr
 // or, on a backing directory, from tierfs's own attribute; a state it
 // cannot read counts as local.
 func segmentState(seg tiering.Segment) tiered.State {
-	path := seg.Path
+	path := seg.LogPath()
 	buf := make([]byte, 4096)
 	if n, err := unix.Getxattr(path, tiered.XattrState, buf); err == nil {
 		st, _ := tiered.ParseState(string(buf[:n]))
