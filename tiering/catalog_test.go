@@ -9,6 +9,7 @@ import (
 	"log/slog"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"sync"
 	"testing"
@@ -99,6 +100,32 @@ func TestShipmentCatalog(t *testing.T) {
 	}
 	if err := c.put(Shipment{Partition: "a-0", Key: "a-0/x.log", Objects: []string{"~x"}}); err == nil {
 		t.Fatal("an object that starts with the stem mark was put")
+	}
+	if err := c.put(Shipment{Partition: "a-0", Key: "a-0/x.log", Objects: []string{"^x"}}); err == nil {
+		t.Fatal("an object that starts with the reference mark was put")
+	}
+	// The file's own references are kept as the object they reference
+	// (never so written), and read back whole.
+	ref := "a-0/00000000000000000010-9.log.refs/00000000000000000020-1"
+	if k := c.byPart["a-0"]["a-0/00000000000000000020-1.log"]; !slices.Contains(k.Objects, refMark+"a-0/00000000000000000010-9.log") {
+		t.Fatalf("kept objects: %q", k.Objects)
+	}
+	if b, _ := os.ReadFile(filepath.Join(dir, "shipments", "a-0"+keyLogExt)); !strings.Contains(string(b), `"`+ref+`"`) || strings.Contains(string(b), refMark) {
+		t.Fatalf("a-0's log:\n%s", b)
+	}
+	if got, err := c.get("a-0", "a-0/00000000000000000020-1.log"); err != nil || !slices.Contains(got.Objects, ref) {
+		t.Fatalf("get: %+v %v", got, err)
+	}
+	// A reference another file holds is kept whole.
+	other := "b-0/00000000000000000001-9.log.refs/00000000000000000001-7"
+	if err := c.put(Shipment{State: ShipmentShipped, Partition: "b-0", Base: 1, Key: "b-0/00000000000000000001-8.log", Objects: []string{other}}); err != nil {
+		t.Fatal(err)
+	}
+	if got, err := c.get("b-0", "b-0/00000000000000000001-8.log"); err != nil || len(got.Objects) != 1 || got.Objects[0] != other {
+		t.Fatalf("get: %+v %v", got, err)
+	}
+	if err := c.remove("b-0", "b-0/00000000000000000001-8.log"); err != nil {
+		t.Fatal(err)
 	}
 	if _, err := c.get("a-0", "a-0/nothing.log"); !errors.Is(err, os.ErrNotExist) {
 		t.Fatalf("get of none: %v", err)

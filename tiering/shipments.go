@@ -326,6 +326,8 @@ func (c *shipmentCatalog) keptLocked(s Shipment) keptShipment {
 	for i, o := range s.Objects {
 		if o = stemForm(s.Key, o); strings.HasPrefix(o, stemMark) {
 			o = c.name(o)
+		} else if target, ok := ownRef(s.Key, o); ok {
+			o = refMark + target
 		}
 		objs[i] = o
 	}
@@ -368,10 +370,31 @@ func stemForm(key, o string) string {
 	return o
 }
 
+// refMark stands, in a kept shipment only (never in a log line), for
+// a reference the shipment's own file holds: refMark and the key of the
+// object it references. A follower's every shipment holds such
+// references to the leader's objects, and their holder part (".refs/"
+// and the file's own name) would be a third of its catalog's memory
+// for objects. No object key starts with "^" (Kafka's topic names do
+// not).
+const refMark = "^"
+
+// ownRef says whether o is a reference that the file shipped as key
+// holds, and to which object.
+func ownRef(key, o string) (target string, ok bool) {
+	if !isRefKey(o) || refHolder(o) != holderOf(key) {
+		return "", false
+	}
+	return refTarget(o), true
+}
+
 // wholeForm is object o of the shipment of key as a whole key.
 func wholeForm(key, o string) string {
 	if rest, ok := strings.CutPrefix(o, stemMark); ok {
 		return strings.TrimSuffix(key, kafka.KindLog) + rest
+	}
+	if rest, ok := strings.CutPrefix(o, refMark); ok {
+		return refKey(rest, holderOf(key))
 	}
 	return o
 }
@@ -398,8 +421,8 @@ func expandShipment(partition string, k keptShipment) Shipment {
 func encodeShipment(s Shipment) ([]byte, error) {
 	objs := make([]string, len(s.Objects))
 	for i, o := range s.Objects {
-		if strings.HasPrefix(o, stemMark) {
-			return nil, fmt.Errorf("shipment of %s: object %q starts with %q", s.Key, o, stemMark)
+		if strings.HasPrefix(o, stemMark) || strings.HasPrefix(o, refMark) {
+			return nil, fmt.Errorf("shipment of %s: object %q starts with %q or %q", s.Key, o, stemMark, refMark)
 		}
 		objs[i] = stemForm(s.Key, o)
 	}
