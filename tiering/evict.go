@@ -168,10 +168,11 @@ func (ev *evictor) finishEvictRead(seg Segment) (bool, error) {
 // its recorded mtime, then records that; it reports whether it had
 // anything to do.
 func (ev *evictor) finishEvict(seg Segment, rec Record) (bool, error) {
+	logPath := seg.LogPath()
 	if rec.Freed {
 		return false, nil
 	}
-	f, err := os.OpenFile(seg.LogPath(), os.O_RDWR, 0)
+	f, err := os.OpenFile(logPath, os.O_RDWR, 0)
 	if err != nil {
 		return false, err
 	}
@@ -181,23 +182,23 @@ func (ev *evictor) finishEvict(seg Segment, rec Record) (bool, error) {
 		return false, err
 	}
 	if st.Ino != rec.Ino || st.Size != rec.Size {
-		return false, fmt.Errorf("%s is marked remote but is another file now (inode %d, %d bytes; recorded %d, %d bytes)", seg.LogPath(), st.Ino, st.Size, rec.Ino, rec.Size)
+		return false, fmt.Errorf("%s is marked remote but is another file now (inode %d, %d bytes; recorded %d, %d bytes)", logPath, st.Ino, st.Size, rec.Ino, rec.Size)
 	}
 	if st.Size == 0 {
 		// Nothing to free (the cleaner can leave empty segments).
 	} else if err := unix.Fallocate(int(f.Fd()), unix.FALLOC_FL_PUNCH_HOLE|unix.FALLOC_FL_KEEP_SIZE, 0, st.Size); err != nil {
-		return false, fmt.Errorf("free %s: %w", seg.LogPath(), err)
+		return false, fmt.Errorf("free %s: %w", logPath, err)
 	}
 	mt := unix.NsecToTimespec(rec.MtimeNs)
 	at := unix.Timespec{Sec: st.Atim.Sec, Nsec: st.Atim.Nsec}
-	if err := unix.UtimesNanoAt(unix.AT_FDCWD, seg.LogPath(), []unix.Timespec{at, mt}, 0); err != nil {
+	if err := unix.UtimesNanoAt(unix.AT_FDCWD, logPath, []unix.Timespec{at, mt}, 0); err != nil {
 		return false, err
 	}
 	if err := f.Sync(); err != nil {
 		return false, err
 	}
 	rec.Freed = true
-	return true, writeRecord(seg.LogPath(), rec)
+	return true, writeRecord(logPath, rec)
 }
 
 // retentionDue is when a local retention age falls due in partition p:

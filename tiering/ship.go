@@ -474,6 +474,7 @@ func (sp *shipper) maybeCovered(seg Segment, f *idx.File) bool {
 // objects: it references each of them (so they are kept while the file
 // reads from them), and records its extents. Nothing is uploaded.
 func (sp *shipper) mapOnto(ctx context.Context, seg Segment, st *syscall.Stat_t, key string, cov coverage) error {
+	logPath := seg.LogPath()
 	holder := holderOf(key)
 	if old, err := sp.t.shipments.get(seg.Partition, key); err == nil {
 		// An upload of this file that lost the race to the index: its
@@ -489,8 +490,8 @@ func (sp *shipper) mapOnto(ctx context.Context, seg Segment, st *syscall.Stat_t,
 	keys := extentKeys(cov.Extents)
 	sh := Shipment{State: ShipmentShipping, Partition: seg.Partition, Base: seg.Base, Key: key, Ino: st.Ino, Since: sp.t.cfg.Now(), Objects: refsOf(keys, holder)}
 	var err error
-	if sh.HandleType, sh.Handle, err = fileHandle(seg.LogPath()); err != nil {
-		sp.t.cfg.Log.Debug("no file handle", "segment", seg.LogPath(), "err", err)
+	if sh.HandleType, sh.Handle, err = fileHandle(logPath); err != nil {
+		sp.t.cfg.Log.Debug("no file handle", "segment", logPath, "err", err)
 	}
 	if err := sp.t.shipments.put(sh); err != nil {
 		return err
@@ -498,11 +499,11 @@ func (sp *shipper) mapOnto(ctx context.Context, seg Segment, st *syscall.Stat_t,
 	if err := sp.t.share.takeRefs(ctx, cov.Extents, holder); err != nil {
 		return err
 	}
-	if err := sameFile(seg.LogPath(), st); err != nil {
+	if err := sameFile(logPath, st); err != nil {
 		return err
 	}
 	rec := Record{State: StateShipped, Key: key, Size: st.Size, MtimeNs: st.Mtim.Nano(), Ino: st.Ino, Extents: cov.Extents}
-	if err := writeRecord(seg.LogPath(), rec); err != nil {
+	if err := writeRecord(logPath, rec); err != nil {
 		return err
 	}
 	sh.State, sh.Since = ShipmentShipped, sp.t.cfg.Now()
@@ -511,7 +512,7 @@ func (sp *shipper) mapOnto(ctx context.Context, seg Segment, st *syscall.Stat_t,
 	}
 	sp.t.counters.MappedSegments.Add(1)
 	sp.t.counters.MappedBytes.Add(st.Size)
-	sp.t.cfg.Log.Info("mapped onto the store's copy", "segment", seg.LogPath(), "objects", len(keys), "bytes", st.Size)
+	sp.t.cfg.Log.Info("mapped onto the store's copy", "segment", logPath, "objects", len(keys), "bytes", st.Size)
 	return nil
 }
 
@@ -840,6 +841,7 @@ func (sp *shipper) noteShipped(c *shipCommit) {
 // position from). A segment that is not whole record batches has none:
 // no other broker can map its bytes.
 func (sp *shipper) putBatchList(ctx context.Context, seg Segment, key string, from int64, batches []idx.BatchRef) error {
+	logPath := seg.LogPath()
 	var list []idx.BatchRef
 	if batches != nil {
 		for _, b := range batches {
@@ -849,15 +851,15 @@ func (sp *shipper) putBatchList(ctx context.Context, seg Segment, key string, fr
 			}
 		}
 	} else {
-		f, err := os.Open(seg.LogPath())
+		f, err := os.Open(logPath)
 		if err != nil {
 			return err
 		}
-		list, err = idx.BatchRefs(seg.LogPath(), f, seg.Size, from)
+		list, err = idx.BatchRefs(logPath, f, seg.Size, from)
 		f.Close()
 		var fe *idx.FormatError
 		if errors.As(err, &fe) {
-			sp.t.cfg.Log.Debug("no batch list: not whole record batches", "segment", seg.LogPath(), "err", err)
+			sp.t.cfg.Log.Debug("no batch list: not whole record batches", "segment", logPath, "err", err)
 			return nil
 		}
 		if err != nil {
@@ -866,7 +868,7 @@ func (sp *shipper) putBatchList(ctx context.Context, seg Segment, key string, fr
 	}
 	b, err := idx.MarshalBatches(list)
 	if err != nil {
-		return fmt.Errorf("batch list of %s: %w", seg.LogPath(), err)
+		return fmt.Errorf("batch list of %s: %w", logPath, err)
 	}
 	_, err = sp.t.uploads.Put(ctx, batchesKey(key), bytes.NewReader(b), int64(len(b)))
 	return err
