@@ -24,8 +24,9 @@ type Segment struct {
 	// Next is the base offset of the following segment, or -1 for the
 	// active (last) segment.
 	Next int64
-	// Dir is the partition's directory in the backing directory, where
-	// the segment's file is <Base>.log (LogPath).
+	// Dir is the directory of the segment's .log (for a scanned segment
+	// its partition's directory in the backing directory, where the file
+	// is <Base>.log: LogPath), and of its other files.
 	Dir string
 	// path, when set, is the file's path instead (a segment found some
 	// other way: segmentAt). A scan leaves it empty: at 100,000 segments
@@ -278,5 +279,5 @@ func allZero(b []byte) bool {
 
 // sidecar is the path of the segment's file of another kind.
 func sidecar(seg Segment, kind string) string {
-	return filepath.Join(filepath.Dir(seg.LogPath()), kafka.SegmentName{BaseOffset: seg.Base, Kind: kind}.String())
+	return filepath.Join(seg.Dir, kafka.SegmentName{BaseOffset: seg.Base, Kind: kind}.String())
 }

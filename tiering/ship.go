@@ -917,7 +917,7 @@ func (sp *shipper) sidecarKeys(seg Segment, st *syscall.Stat_t) []sidecarKey {
 			out = append(out, sidecarKey{p, sp.objectKey(seg, st, kind)})
 		}
 	}
-	if p := filepath.Join(filepath.Dir(seg.LogPath()), "leader-epoch-checkpoint"); fileExists(p) {
+	if p := filepath.Join(seg.Dir, "leader-epoch-checkpoint"); fileExists(p) {
 		out = append(out, sidecarKey{p, sp.objectKey(seg, st, ".leader-epoch-checkpoint")})
 	}
 	return out
