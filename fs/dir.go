@@ -306,7 +306,7 @@ const dirCacheFlags = fuse.FOPEN_CACHE_DIR | fuse.FOPEN_KEEP_CACHE
 type dirHandle struct {
 	n      *node
 	inner  gofs.DirStream
-	hidden string // "" for none
+	hidden string // "" for none (no entry is named "")
 }
 
 var (
@@ -321,7 +321,7 @@ func (d *dirHandle) Readdirent(ctx context.Context) (*fuse.DirEntry, syscall.Err
 	r := d.inner.(gofs.FileReaddirenter)
 	for {
 		de, errno := r.Readdirent(ctx)
-		if errno != 0 || de == nil || d.hidden == "" || de.Name != d.hidden {
+		if errno != 0 || de == nil || de.Name != d.hidden {
 			return de, errno
 		}
 	}
