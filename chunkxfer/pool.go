@@ -438,9 +438,12 @@ func (p *Pool) finish(c *chunk, buf []byte, err error) {
 }
 
 // take finds n bytes: a free buffer of that length, room under the
-// limit (then buf is nil: the caller allocates), or room made by
-// evicting chunks no one holds (cache first; read-ahead only for a
-// read). GUARDED_BY(mu).
+// limit (then buf is nil: the caller allocates), room made by letting
+// free buffers of other lengths go, or by evicting chunks no one holds
+// (cache first; read-ahead only for a read). Free buffers go before any
+// chunk: they hold no bytes anyone will read, and objects' last chunks
+// come in many lengths, so buffers kept for reuse would otherwise push
+// out the chunks readers come back for. GUARDED_BY(mu).
 func (p *Pool) take(n int64, read bool) (buf []byte, ok bool) {
 	for {
 		if b := p.popFree(n); b != nil {
@@ -450,10 +453,10 @@ func (p *Pool) take(n int64, read bool) (buf []byte, ok bool) {
 			p.used += n
 			return nil, true
 		}
-		if p.evict(read) {
+		if p.dropFree() {
 			continue
 		}
-		if p.dropFree() {
+		if p.evict(read) {
 			continue
 		}
 		if read && p.revokeIdle() {

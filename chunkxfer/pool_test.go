@@ -420,3 +420,47 @@ func TestPoolRevokesAnIdleReadersClaim(t *testing.T) {
 		t.Fatalf("the idle reader after its claim was revoked: %v", err)
 	}
 }
+
+// TestPoolLetsFreeBuffersGoBeforeChunks: buffers kept for reuse whose
+// lengths no fetch wants (pieces and objects' last chunks come in many
+// lengths) go before any chunk a reader may come back for: a read that
+// needs room keeps the cache and lets them go.
+func TestPoolLetsFreeBuffersGoBeforeChunks(t *testing.T) {
+	const cs = 16 << 10
+	s := store.NewMem(nil)
+	keys, want := poolObjects(t, s, 2, 2, cs)
+	pool, _ := NewPool(4*cs, nil)
+	defer pool.Close()
+	a, _ := NewReader(context.Background(), s, keys[0], pool, ReaderOptions{})
+	defer a.Close()
+	got := make([]byte, 100)
+	if _, err := a.ReadAt(got, cs/2); err != nil || !bytes.Equal(got, want[keys[0]][cs/2:cs/2+100]) {
+		t.Fatalf("first read: %v", err)
+	}
+	// The rest of the budget in free buffers of three other lengths.
+	var bufs [][]byte
+	for i := range int64(3) {
+		b, ok := pool.borrow(cs - 1 - i)
+		if !ok {
+			t.Fatalf("no room for a buffer of %d: %+v", cs-1-i, pool.Usage())
+		}
+		bufs = append(bufs, b)
+	}
+	for i, b := range bufs {
+		pool.repay(b, cs-1-int64(i))
+	}
+	if u := pool.Usage(); u.Cache != cs || u.Free != 3*cs-6 {
+		t.Fatalf("before the read: %+v", u)
+	}
+	b, _ := NewReader(context.Background(), s, keys[1], pool, ReaderOptions{})
+	defer b.Close()
+	if _, err := b.ReadAt(got, cs/2); err != nil || !bytes.Equal(got, want[keys[1]][cs/2:cs/2+100]) {
+		t.Fatalf("second read: %v", err)
+	}
+	if !pool.has(a.id(0)) {
+		t.Fatalf("the cached chunk went while free buffers stayed: %+v", pool.Usage())
+	}
+	if u := pool.Usage(); u.Used() > pool.Limit() {
+		t.Fatalf("over the budget: %+v", u)
+	}
+}
