@@ -270,3 +270,25 @@ func FuzzParseManifest(f *testing.F) {
 		}
 	})
 }
+
+// TestReadAtZeroStartsAPass: a read at offset 0 starts a pass wherever
+// the last read ended, also within a chunk of 0 (a second consumer of a
+// segment no bigger than a chunk): its pass then claims what it reads.
+func TestReadAtZeroStartsAPass(t *testing.T) {
+	r := &Reader{m: &Manifest{Size: 100 << 10, ChunkSize: 64 << 10}}
+	r.lastEnd.Store(-1)
+	if m := r.mode(0); m != readStart {
+		t.Fatalf("first read at 0: mode %d", m)
+	}
+	r.lastEnd.Store(r.m.Size) // a pass ended at the end
+	if m := r.mode(0); m != readStart {
+		t.Fatalf("read at 0 after a pass: mode %d, want readStart", m)
+	}
+	if m := r.mode(r.m.Size - 10); m != readSequential {
+		t.Fatalf("read just behind the last end: mode %d, want readSequential", m)
+	}
+	r.lastEnd.Store(10 << 10)
+	if m := r.mode(8 << 10); m != readSequential {
+		t.Fatalf("read slightly out of order: mode %d", m)
+	}
+}

@@ -216,17 +216,19 @@ func (r *Reader) blocksFor(off, end int64, m readMode) (i, b0, b1 int, ok bool) 
 	return i, b0, b1, true
 }
 
-// mode says how a read at off relates to the Reader's earlier reads. It
-// is sequential when it starts near where the last one ended: the
-// kernel's readahead can have several requests in flight, and they may
-// arrive slightly out of order.
+// mode says how a read at off relates to the Reader's earlier reads. A
+// read at offset 0 starts a pass, wherever the last one ended (a second
+// consumer from offset 0 of a segment no bigger than a chunk ends its
+// predecessor's pass within a chunk of 0). Else it is sequential when it
+// starts near where the last one ended: the kernel's readahead can have
+// several requests in flight, and they may arrive slightly out of order.
 func (r *Reader) mode(off int64) readMode {
 	last := r.lastEnd.Load()
 	switch {
-	case last >= 0 && off >= last-r.m.ChunkSize && off <= last+r.m.ChunkSize:
-		return readSequential
 	case off == 0:
 		return readStart
+	case last >= 0 && off >= last-r.m.ChunkSize && off <= last+r.m.ChunkSize:
+		return readSequential
 	default:
 		return readRandom
 	}
