@@ -141,7 +141,7 @@ func TestBlockReadsAreChecked(t *testing.T) {
 	// Once the fault is gone the same read returns the bytes: a failed
 	// block read leaves nothing behind. (The chunk fetched ahead beside
 	// it fails too, and leaves the table.)
-	for deadline := time.Now().Add(10 * time.Second); pool.has(rd.id(1)); {
+	for deadline := time.Now().Add(10 * time.Second); pool.covers(rd, cs); {
 		if time.Now().After(deadline) {
 			t.Fatal("the chunk fetched beside the blocks never ended")
 		}
@@ -275,7 +275,9 @@ func FuzzParseManifest(f *testing.F) {
 // the last read ended, also within a chunk of 0 (a second consumer of a
 // segment no bigger than a chunk): its pass then claims what it reads.
 func TestReadAtZeroStartsAPass(t *testing.T) {
-	r := &Reader{m: &Manifest{Size: 100 << 10, ChunkSize: 64 << 10}}
+	pool, _ := NewPool(64<<10, nil)
+	defer pool.Close()
+	r := &Reader{m: &Manifest{Size: 100 << 10, ChunkSize: 64 << 10}, pool: pool}
 	r.lastEnd.Store(-1)
 	if m := r.mode(0); m != readStart {
 		t.Fatalf("first read at 0: mode %d", m)

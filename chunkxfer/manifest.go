@@ -81,6 +81,15 @@ func (m *Manifest) blocksRange(b0, b1 int) (off, n int64) {
 	return off, last + lastN - off
 }
 
+// halfPiece is half of a piece of w bytes (a chunk, or a piece of one)
+// when that is whole blocks: pieces are a chunk halved while they are.
+func (m *Manifest) halfPiece(w int64) (int64, bool) {
+	if m.Blocks() == 0 || w%2 != 0 || (w/2)%m.BlockSize != 0 {
+		return 0, false
+	}
+	return w / 2, true
+}
+
 // blocksIn is how many blocks of bs make size bytes.
 func blocksIn(size, bs int64) int64 { return (size + bs - 1) / bs }
 

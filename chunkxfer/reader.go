@@ -1,10 +1,12 @@
 package chunkxfer
 
 import (
+	"container/list"
 	"context"
 	"fmt"
 	"io"
 	"sync/atomic"
+	"time"
 
 	"github.com/tierfs/tierfs/chunkxfer/store"
 )
@@ -19,15 +21,17 @@ type ReaderOptions struct {
 	Attempts int
 }
 
-// Reader reads a remote object at any offset, a chunk at a time. Every
-// byte it returns was in a chunk whose CRC32C matched the manifest; a
-// mismatch that persists through retries is an error, never wrong bytes.
+// Reader reads a remote object at any offset, a chunk at a time, or a
+// piece of a chunk when the Pool's budget is short for its readers (see
+// Pool.pieceSize). Every byte it returns was in a chunk whose CRC32C
+// matched the manifest, or in blocks whose CRC32Cs did; a mismatch that
+// persists through retries is an error, never wrong bytes.
 //
-// The chunks are the Pool's, shared with every other Reader of the same
-// object. Between reads a Reader holds at most the chunk it is in the
-// middle of (its claim), which the Pool takes back once the Reader has
-// been idle a while and another read needs the room; its read-ahead is
-// fetched into the Pool.
+// The chunks and pieces are the Pool's, shared with every other Reader
+// of the same object. Between reads a Reader holds at most the one it is
+// in the middle of (its claim), which the Pool takes back once the
+// Reader has been idle a while and another read needs the room; its
+// read-ahead is fetched into the Pool.
 type Reader struct {
 	m     *Manifest
 	pool  *Pool
@@ -38,11 +42,18 @@ type Reader struct {
 	closed      atomic.Bool
 
 	lastEnd atomic.Int64 // end of the last read, for sequential detection
-	fetches atomic.Int64 // chunk GETs this Reader made (for tests and metrics)
+	fetches atomic.Int64 // chunk and piece GETs this Reader made (for tests and metrics)
 	// blockFetches counts the GETs of blocks of first reads.
 	blockFetches atomic.Int64
-	claim        *claim // the chunk it is in the middle of; GUARDED_BY(pool.mu)
-	want         int    // the furthest chunk a sequential pass reached; GUARDED_BY(pool.mu)
+	claim        *claim // the piece it is in the middle of; GUARDED_BY(pool.mu)
+	// want is where the furthest piece a sequential pass reached
+	// starts. GUARDED_BY(pool.mu)
+	want int64
+	// activeElem is the Reader in pool.active (nil when it has not read
+	// in order within activeSpan); activeAt is when it last did.
+	// GUARDED_BY(pool.mu)
+	activeElem *list.Element
+	activeAt   time.Time
 }
 
 // NewReader opens key through its manifest.
@@ -61,9 +72,16 @@ func NewReader(ctx context.Context, s store.Store, key string, pool *Pool, opts 
 func NewReaderFor(s store.Store, m *Manifest, pool *Pool, opts ReaderOptions) *Reader {
 	r := &Reader{m: m, pool: pool, opts: opts}
 	policy := retryPolicyOf(opts.Attempts)
-	r.fetch = func(ctx context.Context, i int, buf []byte) error {
+	r.fetch = func(ctx context.Context, id chunkID, buf []byte) error {
 		r.fetches.Add(1)
-		return fetchChunkWith(ctx, policy, s, m, i, buf)
+		if id.size == m.ChunkSize {
+			return fetchChunkWith(ctx, policy, s, m, id.i, buf)
+		}
+		// A piece smaller than a chunk: whole blocks (see Pool.pieceSize).
+		pool.stats.PieceFetches.Add(1)
+		b0 := int(id.start() / m.BlockSize)
+		b1 := int((id.start() + int64(len(buf)) - 1) / m.BlockSize)
+		return fetchBlocksWith(ctx, policy, s, m, b0, b1, buf)
 	}
 	r.fetchBlocks = func(ctx context.Context, b0, b1 int, buf []byte) error {
 		return fetchBlocksWith(ctx, policy, s, m, b0, b1, buf)
@@ -78,8 +96,9 @@ func (r *Reader) Size() int64 { return r.m.Size }
 // Manifest is the object's manifest.
 func (r *Reader) Manifest() *Manifest { return r.m }
 
-// Fetches counts the chunk GETs this Reader made so far (a chunk another
-// Reader fetched is not counted here).
+// Fetches counts the GETs of chunks (and of pieces of them, see
+// Pool.pieceSize) this Reader made so far (one another Reader fetched is
+// not counted here).
 func (r *Reader) Fetches() int64 { return r.fetches.Load() }
 
 // BlockFetches counts the GETs of blocks this Reader made for the first
@@ -90,7 +109,7 @@ func (r *Reader) BlockFetches() int64 { return r.blockFetches.Load() }
 // way end in the Pool.
 func (r *Reader) Close() error {
 	r.closed.Store(true)
-	r.pool.dropClaimOf(r)
+	r.pool.leave(r)
 	return nil
 }
 
@@ -107,6 +126,8 @@ func (r *Reader) ReadAtContext(ctx context.Context, p []byte, off int64) (int, e
 	if off >= r.m.Size {
 		return 0, io.EOF
 	}
+	r.pool.reading.Add(1)
+	defer r.pool.reading.Add(-1)
 	m := r.mode(off)
 	if n, ok, err := r.readBlocks(ctx, p, off, m); ok {
 		if err != nil {
@@ -121,12 +142,11 @@ func (r *Reader) ReadAtContext(ctx context.Context, p []byte, off int64) (int, e
 	n := 0
 	for n < len(p) && off+int64(n) < r.m.Size {
 		pos := off + int64(n)
-		i := int(pos / r.m.ChunkSize)
-		h, err := r.chunk(ctx, i, m)
+		h, start, err := r.piece(ctx, pos, m)
 		if err != nil {
 			return n, err
 		}
-		n += copy(p[n:], h.Bytes()[pos-int64(i)*r.m.ChunkSize:])
+		n += copy(p[n:], h.Bytes()[pos-start:])
 		h.Release()
 	}
 	r.after(off+int64(n), m)
@@ -137,29 +157,37 @@ func (r *Reader) ReadAtContext(ctx context.Context, p []byte, off int64) (int, e
 }
 
 // Slice returns up to n bytes at off without copying when they lie in
-// one chunk: a slice of the verified chunk, which stays as it is until
-// release is called (exactly once; callers must not write to it). ok is
-// false when the range spans chunks; use ReadAt then.
+// one chunk (or piece of one): a slice of the verified bytes, which stay
+// as they are until release is called (exactly once; callers must not
+// write to them). ok is false when the range spans chunks or pieces; use
+// ReadAt then.
 func (r *Reader) Slice(ctx context.Context, off int64, n int) (b []byte, release func(), ok bool, err error) {
 	if off < 0 || off >= r.m.Size || n <= 0 {
 		return nil, nil, false, nil
 	}
 	i := int(off / r.m.ChunkSize)
-	lo := off - int64(i)*r.m.ChunkSize
 	end := min(off+int64(n), r.m.Size)
 	if int((end-1)/r.m.ChunkSize) != i {
 		return nil, nil, false, nil
 	}
 	m := r.mode(off)
-	if _, _, _, ok := r.blocksFor(off, end, m); ok {
+	if _, _, ok := r.blocksFor(off, end, m); ok {
 		return nil, nil, false, nil // ReadAt reads its blocks alone
 	}
-	h, err := r.chunk(ctx, i, m)
+	r.pool.reading.Add(1)
+	defer r.pool.reading.Add(-1)
+	h, start, err := r.piece(ctx, off, m)
 	if err != nil {
 		return nil, nil, true, err
 	}
+	if end > start+int64(len(h.Bytes())) {
+		// A piece smaller than the range: ReadAt finds it again, and
+		// the one after it.
+		h.Release()
+		return nil, nil, false, nil
+	}
 	r.after(end, m)
-	return h.Bytes()[lo : lo+(end-off)], h.Release, true, nil
+	return h.Bytes()[off-start : end-start], h.Release, true, nil
 }
 
 // maxBlockRead bounds the blocks a first read fetches on their own:
@@ -170,16 +198,16 @@ const maxBlockRead = 2
 // or at offset 0) and whose chunk is in no one's memory from the blocks
 // that hold it (Manifest.BlockSize): one GET of a few hundred KiB and a
 // check of each block, not of a whole chunk, so the first byte waits for
-// about one small GET. The whole chunk is fetched ahead right after
-// (if memory is free for it): the reads that follow find it, as
-// mountpoint-s3 ramps a reader from a small first request to whole
-// parts. ok is false where it does not apply (no blocks in the
-// manifest, a read of more than maxBlockRead blocks or across chunks,
-// a chunk fetched or being fetched, or no memory free now); then the
-// read goes to the chunk as before.
+// about one small GET. The chunk (or piece) that holds the read's end is
+// fetched ahead right after (if memory is free for it): the reads that
+// follow find it, as mountpoint-s3 ramps a reader from a small first
+// request to whole parts. ok is false where it does not apply (no
+// blocks in the manifest, a read of more than maxBlockRead blocks or
+// across chunks, a chunk or piece holding off fetched or being fetched,
+// or no memory free now); then the read goes to the chunk as before.
 func (r *Reader) readBlocks(ctx context.Context, p []byte, off int64, m readMode) (n int, ok bool, err error) {
 	end := min(off+int64(len(p)), r.m.Size)
-	i, b0, b1, ok := r.blocksFor(off, end, m)
+	b0, b1, ok := r.blocksFor(off, end, m)
 	if !ok {
 		return 0, false, nil
 	}
@@ -192,9 +220,12 @@ func (r *Reader) readBlocks(ctx context.Context, p []byte, off int64, m readMode
 	r.blockFetches.Add(1)
 	r.pool.stats.BlockFetches.Add(1)
 	err = r.fetchBlocks(ctx, b0, b1, buf)
-	// The chunk after the blocks, not beside them: on a shared link
-	// (and CPU) its GET would slow the blocks' down.
-	r.pool.prefetch(r.id(i), r.chunkLen(i), r.fetch)
+	// The chunk (or piece) where the next read goes, after the blocks,
+	// not beside them: on a shared link (and CPU) its GET would slow the
+	// blocks' down.
+	if end < r.m.Size {
+		r.pool.prefetch(r, end)
+	}
 	if err != nil {
 		return 0, true, fmt.Errorf("read %s: %w", r.m.Key, err)
 	}
@@ -203,17 +234,16 @@ func (r *Reader) readBlocks(ctx context.Context, p []byte, off int64, m readMode
 }
 
 // blocksFor says whether a read of mode m of [off, end) is served by
-// readBlocks, and from which chunk and blocks.
-func (r *Reader) blocksFor(off, end int64, m readMode) (i, b0, b1 int, ok bool) {
+// readBlocks, and from which blocks.
+func (r *Reader) blocksFor(off, end int64, m readMode) (b0, b1 int, ok bool) {
 	if r.m.Blocks() == 0 || m == readSequential || end <= off {
-		return 0, 0, 0, false
+		return 0, 0, false
 	}
-	i = int(off / r.m.ChunkSize)
 	b0, b1 = int(off/r.m.BlockSize), int((end-1)/r.m.BlockSize)
-	if int((end-1)/r.m.ChunkSize) != i || b1-b0+1 > maxBlockRead || r.pool.has(r.id(i)) {
-		return 0, 0, 0, false
+	if (end-1)/r.m.ChunkSize != off/r.m.ChunkSize || b1-b0+1 > maxBlockRead || r.pool.covers(r, off) {
+		return 0, 0, false
 	}
-	return i, b0, b1, true
+	return b0, b1, true
 }
 
 // mode says how a read at off relates to the Reader's earlier reads. A
@@ -235,38 +265,51 @@ func (r *Reader) mode(off int64) readMode {
 }
 
 // after notes a read of mode m that ended at end, and starts read-ahead
-// past it unless the read was at a random offset.
+// past it unless the read was at a random offset: ReadAhead chunks, or
+// one piece when the pool's readers get pieces smaller than a chunk
+// (their share of the memory has no room for more).
 func (r *Reader) after(end int64, m readMode) {
 	r.lastEnd.Store(end)
 	if m == readRandom {
 		return
 	}
-	from := int(end / r.m.ChunkSize)
-	if end%r.m.ChunkSize != 0 {
-		from++ // the chunk holding end was just read
+	if end >= r.m.Size {
+		r.pool.leave(r) // nothing ahead: not one of the readers now
+		return
 	}
-	for i := from; i < from+r.opts.ReadAhead && i < r.m.Chunks() && !r.closed.Load(); i++ {
-		if !r.pool.prefetch(r.id(i), r.chunkLen(i), r.fetch) {
+	w := r.pool.inOrder(r)
+	ahead := r.opts.ReadAhead
+	if w < r.m.ChunkSize {
+		ahead = min(ahead, 1)
+	}
+	next := (end + w - 1) / w * w // the piece holding end was just read
+	for range ahead {
+		if next >= r.m.Size || r.closed.Load() {
+			return
+		}
+		var ok bool
+		if next, ok = r.pool.prefetch(r, next); !ok {
 			return // no room: read-ahead shrinks before any read waits
 		}
 	}
 }
 
-func (r *Reader) id(i int) chunkID {
-	return chunkID{key: r.m.Key, etag: r.m.ETag, size: r.m.ChunkSize, i: i}
+// pieceID is the piece of w bytes (a chunk, or a piece of one) that
+// holds pos.
+func (r *Reader) pieceID(w, pos int64) chunkID {
+	return chunkID{key: r.m.Key, etag: r.m.ETag, size: w, i: int(pos / w)}
 }
 
-func (r *Reader) chunkLen(i int) int64 {
-	_, n := r.m.ChunkRange(i)
-	return n
-}
+// pieceLen is piece id's length: its size, or less at the object's end.
+func (r *Reader) pieceLen(id chunkID) int64 { return min(id.size, r.m.Size-id.start()) }
 
-// chunk holds verified chunk i, from the Pool or fetched once for every
-// Reader of the object.
-func (r *Reader) chunk(ctx context.Context, i int, m readMode) (Pin, error) {
-	h, err := r.pool.read(ctx, r, i, m)
+// piece holds the verified chunk, or piece of one, that holds pos, from
+// the Pool or fetched once for every Reader of the object; start is
+// where it starts in the object.
+func (r *Reader) piece(ctx context.Context, pos int64, m readMode) (h Pin, start int64, err error) {
+	h, start, err = r.pool.read(ctx, r, pos, m)
 	if err != nil {
-		return Pin{}, fmt.Errorf("read %s: %w", r.m.Key, err)
+		return Pin{}, 0, fmt.Errorf("read %s: %w", r.m.Key, err)
 	}
-	return h, nil
+	return h, start, nil
 }

@@ -361,7 +361,10 @@ func TestReaderRandomReads(t *testing.T) {
 			}
 			local, _ := os.Open(path)
 			defer local.Close()
-			cache, _ := NewPool(2*cs, nil) // holds two chunks of seven
+			// Four chunks of seven: a lone reader's share is whole
+			// chunks (with less, its reads get pieces, see
+			// Pool.pieceSize, and Slice refuses ranges across them).
+			cache, _ := NewPool(4*cs, nil)
 			defer cache.Close()
 			rd, err := NewReader(ctx, b.s, "r/f", cache, ReaderOptions{ReadAhead: 1})
 			if err != nil {

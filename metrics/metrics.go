@@ -70,6 +70,7 @@ func Registry(t Tiering, pool *chunkxfer.Pool, log *slog.Logger) *prometheus.Reg
 		counter(reg, "tierfs_remote_fetch_requests_total", "Chunks fetched from the store to serve reads and read-ahead: the chunk memory's misses.", s.Misses.Load)
 		counter(reg, "tierfs_remote_fetch_bytes_total", "Verified bytes fetched from the store to serve reads and read-ahead.", s.FetchedBytes.Load)
 		counter(reg, "tierfs_remote_block_fetch_requests_total", "Fetches of a few blocks (256 KiB each) alone, for the first read of a run, whose whole chunk is fetched beside them.", s.BlockFetches.Load)
+		counter(reg, "tierfs_remote_piece_fetch_requests_total", "Of tierfs_remote_fetch_requests_total, the fetches of a piece of a chunk (whole blocks), made while the chunk memory is too small for a chunk per reader reading in order.", s.PieceFetches.Load)
 		counter(reg, "tierfs_remote_fetch_errors_total", "Chunk fetches that failed after retries (readers got EIO).", s.FetchErrors.Load)
 		counter(reg, "tierfs_cache_hits_total", "Chunk reads served from the chunk memory (a chunk fetched ahead, kept, or being fetched for another reader).", s.Hits.Load)
 		counter(reg, "tierfs_read_ahead_skipped_total", "Read-ahead chunks not fetched because the chunk memory had no room to spare for them.", s.AheadSkipped.Load)
@@ -80,6 +81,8 @@ func Registry(t Tiering, pool *chunkxfer.Pool, log *slog.Logger) *prometheus.Reg
 			func() float64 { return float64(s.WaitNanos.Load()) / 1e9 }))
 		reg.MustRegister(prometheus.NewGaugeFunc(prometheus.GaugeOpts{Name: "tierfs_chunk_memory_limit_bytes", Help: "The chunk memory budget (--cache-bytes)."},
 			func() float64 { return float64(pool.Limit()) }))
+		reg.MustRegister(prometheus.NewGaugeFunc(prometheus.GaugeOpts{Name: "tierfs_chunk_memory_readers", Help: "Readers of remote files that read in order within the last 2 seconds and have not reached their file's end: the chunk memory's share of each, half of it for pieces, sets the size of their fetches."},
+			func() float64 { return float64(pool.Usage().Readers) }))
 		reg.MustRegister(&chunkMemory{pool: pool})
 	}
 	return reg

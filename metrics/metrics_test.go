@@ -91,6 +91,8 @@ func TestMetricsOfATierer(t *testing.T) {
 		`tierfs_chunk_memory_limit_bytes 6.7108864e+07`,
 		`tierfs_chunk_memory_bytes{kind="in_use"} 0`,
 		`tierfs_chunk_memory_waits_total 0`,
+		`tierfs_remote_piece_fetch_requests_total 0`,
+		`tierfs_chunk_memory_readers `,
 		`go_goroutines `,
 	} {
 		if !strings.Contains(text, want) {

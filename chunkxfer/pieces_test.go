@@ -1,0 +1,287 @@
+package chunkxfer
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"fmt"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/tierfs/tierfs/chunkxfer/store"
+)
+
+// readRange reads [off, off+n) of rd in reads of 1 KiB and checks the
+// bytes against want.
+func readRange(t *testing.T, rd *Reader, off, n int64, want []byte) {
+	t.Helper()
+	buf := make([]byte, 1<<10)
+	for pos := off; pos < min(off+n, rd.Size()); {
+		k, err := rd.ReadAt(buf[:min(int64(len(buf)), off+n-pos)], pos)
+		if err != nil && pos+int64(k) != rd.Size() {
+			t.Fatalf("at %d: %d, %v", pos, k, err)
+		}
+		if !bytes.Equal(buf[:k], want[pos:pos+int64(k)]) {
+			t.Fatalf("at %d: not the object's bytes", pos)
+		}
+		pos += int64(k)
+	}
+}
+
+// blockObjects uploads n objects of size bytes in chunks of cs and
+// blocks of bs, named prefix0, prefix1 …, each of other random bytes.
+func blockObjects(t *testing.T, s store.Store, prefix string, n int, size, cs, bs int64, seed uint64) (keys []string, wants map[string][]byte) {
+	t.Helper()
+	dir := t.TempDir()
+	up := &Uploader{Store: s, JournalDir: filepath.Join(dir, "j"), ChunkSize: cs, BlockSize: bs}
+	wants = map[string][]byte{}
+	for i := range n {
+		path := filepath.Join(dir, fmt.Sprint(i))
+		key := fmt.Sprintf("%s%d", prefix, i)
+		wants[key] = randomFile(t, path, size, seed+uint64(i))
+		if _, err := up.Upload(context.Background(), path, key); err != nil {
+			t.Fatal(err)
+		}
+		keys = append(keys, key)
+	}
+	return keys, wants
+}
+
+// TestManyReadersInTurnFetchWhatTheyRead: twelve readers of objects of
+// their own, reading in turn an eighth of a chunk each (as a consumer
+// catching up reads a megabyte of each of its partitions in turn), with
+// a budget of four chunks: far too little for a chunk per reader. Each
+// reader's reads get pieces of a chunk sized to its share, so the bytes
+// fetched are about the bytes read; with whole chunks each turn would
+// fetch a chunk evicted before the reader's next turn, eight times what
+// it read. Every byte read is the object's. A lone reader afterwards
+// fetches whole chunks again.
+func TestManyReadersInTurnFetchWhatTheyRead(t *testing.T) {
+	for _, b := range backends(t) {
+		t.Run(b.name, func(t *testing.T) {
+			ctx := context.Background()
+			cs := b.chunk
+			bs := cs / 16 // pieces of 1/2 to 1/16 of a chunk
+			const readers = 12
+			keys, want := blockObjects(t, b.s, "turns/", readers, 2*cs+cs/3, cs, bs, 100)
+			pool, _ := NewPool(4*cs, nil)
+			defer pool.Close()
+			pool.claimIdle = 20 * time.Millisecond // whole chunks would otherwise wait long for room
+			rds := make([]*Reader, readers)
+			got := make([][]byte, readers)
+			for i, k := range keys {
+				var err error
+				if rds[i], err = NewReader(ctx, b.s, k, pool, ReaderOptions{ReadAhead: 4}); err != nil {
+					t.Fatal(err)
+				}
+			}
+			turn := int(cs / 8)
+			var read int64
+			for left := true; left; {
+				left = false
+				for i, rd := range rds {
+					off := int64(len(got[i]))
+					if off >= rd.Size() {
+						continue
+					}
+					left = true
+					buf := make([]byte, turn)
+					n, err := rd.ReadAt(buf, off)
+					if err != nil && n != len(buf) && int64(n)+off != rd.Size() {
+						t.Fatalf("reader %d at %d: %d bytes, %v", i, off, n, err)
+					}
+					got[i] = append(got[i], buf[:n]...)
+					read += int64(n)
+				}
+			}
+			pool.mu.Lock()
+			active := pool.active.Len()
+			pool.mu.Unlock()
+			if active != 0 {
+				t.Fatalf("%d readers at their objects' ends, still open, count as reading", active)
+			}
+			for i, k := range keys {
+				if !bytes.Equal(got[i], want[k]) {
+					t.Fatalf("reader %d read %d bytes, not its object's %d", i, len(got[i]), len(want[k]))
+				}
+				rds[i].Close()
+			}
+			waitIdle(t, pool)
+			st := pool.Stats()
+			fetched := st.FetchedBytes.Load()
+			t.Logf("%d readers in turn: %d bytes read, %d fetched (%.2f×), %d waits, %d claims revoked, %d read-ahead wasted",
+				readers, read, fetched, float64(fetched)/float64(read), st.Waits.Load(), st.Revoked.Load(), st.AheadWasted.Load())
+			if fetched > read+read/5 {
+				t.Fatalf("%d bytes fetched for %d read: more than 1.2×", fetched, read)
+			}
+			if u := pool.Usage(); u.Windows != 0 || u.InUse != 0 || u.Used() > pool.Limit() {
+				t.Fatalf("after the readers closed: %+v", u)
+			}
+
+			// Alone, a reader gets whole chunks: one GET a chunk.
+			pool2, _ := NewPool(4*cs, nil)
+			defer pool2.Close()
+			lone, err := NewReader(ctx, b.s, keys[0], pool2, ReaderOptions{})
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer lone.Close()
+			buf := make([]byte, turn)
+			var all []byte
+			for off := int64(0); off < lone.Size(); off += int64(turn) {
+				n, _ := lone.ReadAt(buf, off)
+				all = append(all, buf[:n]...)
+			}
+			if !bytes.Equal(all, want[keys[0]]) || lone.Fetches() != int64(lone.Manifest().Chunks()) {
+				t.Fatalf("a lone reader: equal %v, %d GETs for %d chunks", bytes.Equal(all, want[keys[0]]), lone.Fetches(), lone.Manifest().Chunks())
+			}
+		})
+	}
+}
+
+// TestPiecesAreChecked: a piece of a chunk is checked against its
+// blocks' CRC32Cs. A block that comes back corrupt is an error naming
+// it, never its bytes; once the store is sound the same read returns the
+// object's bytes.
+func TestPiecesAreChecked(t *testing.T) {
+	ctx := context.Background()
+	const cs, bs = 64 << 10, 4 << 10
+	m := store.NewMem(nil)
+	keys, wants := blockObjects(t, m, "k", 16, 2*cs, cs, bs, 200)
+	want := wants[keys[0]]
+	pool, _ := NewPool(2*cs, nil)
+	defer pool.Close()
+	// Fifteen other readers reading in turns: the reader's share is a
+	// sixteenth of the budget, so its reads get pieces of 4 KiB.
+	for _, k := range keys[1:] {
+		o, _ := NewReader(ctx, m, k, pool, ReaderOptions{})
+		defer o.Close()
+		readRange(t, o, 0, 10, wants[k])
+		readRange(t, o, 10, 10, wants[k])
+	}
+	rd, _ := NewReader(ctx, m, keys[0], pool, ReaderOptions{Attempts: 2})
+	defer rd.Close()
+	readRange(t, rd, 0, 100, want)
+	readRange(t, rd, 100, 100, want)
+	waitIdle(t, pool)
+	m.Inject(store.Fault{Op: store.OpGet, KeyPrefix: keys[0], FlipAt: 10, Times: 1000})
+	off := int64(cs + 5*bs + 1) // sequential to nothing: a random read, in no piece yet
+	// More than maxBlockRead blocks: read from pieces, not blocks of a
+	// first read.
+	n, err := rd.ReadAt(make([]byte, 3*bs), off)
+	if !errors.Is(err, ErrChecksum) || n != 0 || !strings.Contains(err.Error(), "block 21 of k0") {
+		t.Fatalf("corrupt piece: %d bytes, %v", n, err)
+	}
+	m.ClearFaults()
+	waitIdle(t, pool)
+	// In order from there, in turns: pieces, each checked, and the
+	// object's bytes.
+	for pos := off; pos < rd.Size(); pos += 2 * bs {
+		readRange(t, rd, pos, 2*bs, want)
+	}
+	if rd.Fetches() < 4 {
+		t.Fatalf("%d piece GETs for %d bytes in pieces of %d", rd.Fetches(), rd.Size()-off, bs)
+	}
+}
+
+// TestPiecesNeverOverlap: a reader whose pieces grow (the other readers
+// left) fetches around the smaller pieces already in memory, never the
+// same bytes twice: with read-ahead on and room to spare, the bytes
+// fetched for its pass are its object's, plus the block of its first
+// read.
+func TestPiecesNeverOverlap(t *testing.T) {
+	ctx := context.Background()
+	const cs, bs = 64 << 10, 4 << 10
+	m := store.NewMem(nil)
+	keys, wants := blockObjects(t, m, "o", 16, 4*cs-100, cs, bs, 300)
+	want := wants[keys[0]]
+	pool, _ := NewPool(16*cs, nil)
+	defer pool.Close()
+	var others []*Reader
+	for _, k := range keys[1:] {
+		o, _ := NewReader(ctx, m, k, pool, ReaderOptions{})
+		readRange(t, o, 0, 10, wants[k])
+		readRange(t, o, 10, 10, wants[k])
+		others = append(others, o)
+	}
+	waitIdle(t, pool)
+	base := pool.Stats().FetchedBytes.Load()
+	rd, _ := NewReader(ctx, m, keys[0], pool, ReaderOptions{ReadAhead: 2})
+	defer rd.Close()
+	var got []byte
+	buf := make([]byte, 1<<10)
+	read := func(to int64) {
+		t.Helper()
+		for pos := int64(len(got)); pos < to; {
+			n, err := rd.ReadAt(buf[:min(int64(len(buf)), to-pos)], pos)
+			if err != nil && pos+int64(n) != rd.Size() {
+				t.Fatalf("at %d: %d, %v", pos, n, err)
+			}
+			got = append(got, buf[:n]...)
+			pos += int64(n)
+		}
+	}
+	for to := int64(cs / 8); to <= cs/2; to += cs / 8 {
+		read(to) // sixteen readers in turns: pieces of 16 KiB
+	}
+	if u := pool.Usage(); u.Readers != 16 {
+		t.Fatalf("%d readers, want 16", u.Readers)
+	}
+	for _, o := range others {
+		o.Close()
+	}
+	read(rd.Size()) // alone: whole chunks, fetched around the pieces
+	if !bytes.Equal(got, want) {
+		t.Fatal("the reader returned other bytes")
+	}
+	waitIdle(t, pool)
+	st := pool.Stats()
+	if fetched, wantBytes := st.FetchedBytes.Load()-base, rd.Size()+bs*rd.BlockFetches(); fetched != wantBytes || st.AheadWasted.Load() != 0 {
+		t.Fatalf("fetched %d bytes for an object of %d and %d block reads of %d (%d read-ahead wasted)",
+			fetched, rd.Size(), rd.BlockFetches(), bs, st.AheadWasted.Load())
+	}
+	if rd.Fetches() < 4 || rd.Fetches() > 12 {
+		t.Fatalf("%d GETs: neither pieces nor chunks", rd.Fetches())
+	}
+}
+
+// TestReadersReadingAtOnceGetWholeChunks: sixteen readers in order on
+// room for eight chunks get pieces while few of them are reading at a
+// time (readers in turns), and whole chunks while half of them or more
+// are (each reads the chunk it holds to its end).
+func TestReadersReadingAtOnceGetWholeChunks(t *testing.T) {
+	const cs, bs = 64 << 10, 4 << 10
+	m := store.NewMem(nil)
+	keys, wants := blockObjects(t, m, "f", 1, 8*cs, cs, bs, 9)
+	pool, _ := NewPool(8*cs, nil)
+	defer pool.Close()
+	var rds []*Reader
+	for range 16 {
+		rd, _ := NewReader(context.Background(), m, keys[0], pool, ReaderOptions{})
+		defer rd.Close()
+		readRange(t, rd, 0, 100, wants[keys[0]])
+		rds = append(rds, rd)
+	}
+	size := func() int64 {
+		pool.mu.Lock()
+		defer pool.mu.Unlock()
+		return pool.pieceSize(rds[0])
+	}
+	if u := pool.Usage(); u.Readers != 16 {
+		t.Fatalf("%d readers, want 16", u.Readers)
+	}
+	if w := size(); w != cs/8 {
+		t.Fatalf("no reader reading: pieces of %d, want %d (8 chunks / (4 × 16 readers))", w, cs/8)
+	}
+	pool.reading.Add(7) // seven reads in progress
+	if w := size(); w != cs/8 {
+		t.Fatalf("seven of sixteen reading: pieces of %d, want %d", w, cs/8)
+	}
+	pool.reading.Add(1)
+	if w := size(); w != cs {
+		t.Fatalf("eight of sixteen reading: pieces of %d, want whole chunks", w)
+	}
+	pool.reading.Add(-8)
+}
