@@ -101,6 +101,14 @@ func main() {
 			u.Check(err)
 			bytesBefore, err := benchutil.Metric(su.metrics, "tierfs_remote_fetch_bytes_total")
 			u.Check(err)
+			// Where the memory went, for the log: pieces fetched, read-ahead
+			// evicted unread, claims taken back, reads that waited (a
+			// version without one of these metrics shows none).
+			diag := []string{"tierfs_remote_piece_fetch_requests_total", "tierfs_read_ahead_wasted_total", "tierfs_chunk_memory_claims_revoked_total", "tierfs_chunk_memory_waits_total"}
+			diagBefore := make([]float64, len(diag))
+			for i, m := range diag {
+				diagBefore[i], _ = benchutil.Metric(su.metrics, m)
+			}
 			benchutil.DropCaches()
 			u.Check(procmem.ResetPeakRSS(su.pid))
 			var n int64
@@ -117,8 +125,14 @@ func main() {
 			// About 1.0 when every evicted chunk was fetched once (a
 			// little less: the newest segments are local).
 			su.amp = append(su.amp, (bytesAfter-bytesBefore)/float64(n))
-			fmt.Fprintf(os.Stderr, "run %d, --cache-bytes %s: consume %.0f MB/s, peak RSS %d MiB, %.0f GETs, %.0f MB fetched\n",
-				r+1, su.budget, su.mbps[r], rss>>20, after-before, (bytesAfter-bytesBefore)/1e6)
+			var counts []string
+			for i, m := range diag {
+				if v, err := benchutil.Metric(su.metrics, m); err == nil {
+					counts = append(counts, fmt.Sprintf("%s %.0f", strings.TrimPrefix(m, "tierfs_"), v-diagBefore[i]))
+				}
+			}
+			fmt.Fprintf(os.Stderr, "run %d, --cache-bytes %s: consume %.0f MB/s, peak RSS %d MiB, %.0f GETs, %.0f MB fetched (%s)\n",
+				r+1, su.budget, su.mbps[r], rss>>20, after-before, (bytesAfter-bytesBefore)/1e6, strings.Join(counts, ", "))
 		}
 	}
 	for _, su := range setups {
