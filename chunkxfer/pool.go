@@ -311,7 +311,7 @@ func (p *Pool) inOrder(r *Reader) int64 {
 	defer p.mu.Unlock()
 	r.activeAt = p.now()
 	switch {
-	case r.closed.Load(): // a read that ended after Close: closeReader let r go
+	case r.closed.Load(): // a read that ended after Close: leave let r go
 	case r.activeElem != nil:
 		p.active.MoveToFront(r.activeElem)
 	default:
