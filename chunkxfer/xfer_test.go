@@ -361,10 +361,7 @@ func TestReaderRandomReads(t *testing.T) {
 			}
 			local, _ := os.Open(path)
 			defer local.Close()
-			// Four chunks of seven: a lone reader's share is whole
-			// chunks (with less, its reads get pieces, see
-			// Pool.pieceSize, and Slice refuses ranges across them).
-			cache, _ := NewPool(4*cs, nil)
+			cache, _ := NewPool(2*cs, nil) // holds two chunks of seven
 			defer cache.Close()
 			rd, err := NewReader(ctx, b.s, "r/f", cache, ReaderOptions{ReadAhead: 1})
 			if err != nil {
