@@ -351,8 +351,8 @@ func (p *Pool) trimActive() {
 //
 // Readers that all read at once each read the chunk they hold to its
 // end (their claims keep it), so whole chunks cost nothing twice; with
-// pieces, 200 of them on 256 MiB made eight times the GETs and ran at a
-// third of the speed (bench/tierload). Readers that read in turns (a
+// pieces, 200 of them on 256 MiB made 12 to 28 times the GETs and ran
+// at a third of the speed (bench/tierload). Readers that read in turns (a
 // consumer catching up on many partitions reads a megabyte of each in
 // turn, one or two partitions at a time) are idle between turns, and
 // with whole chunks each turn fetched a chunk evicted before the
