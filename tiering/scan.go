@@ -44,7 +44,7 @@ func (s Segment) LogPath() string {
 	if s.path != "" {
 		return s.path
 	}
-	return filepath.Join(s.Dir, kafka.SegmentName{BaseOffset: s.Base, Kind: kafka.KindLog}.String())
+	return sidecar(s, kafka.KindLog)
 }
 
 // segmentAt is the segment whose .log is the file at path.

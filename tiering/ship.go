@@ -48,11 +48,12 @@ func (sp *shipper) cover(ctx context.Context, seg Segment, f *idx.File, keyAt fu
 	if len(ents) == 0 {
 		return cov, nil, nil
 	}
-	lf, err := os.Open(seg.LogPath())
+	logPath := seg.LogPath()
+	lf, err := os.Open(logPath)
 	if err != nil {
 		return cov, nil, err
 	}
-	batches, err := idx.BatchRefs(seg.LogPath(), lf, seg.Size, 0)
+	batches, err := idx.BatchRefs(logPath, lf, seg.Size, 0)
 	lf.Close()
 	var fe *idx.FormatError
 	if errors.As(err, &fe) {
@@ -371,12 +372,13 @@ func (sp *shipper) plan(ctx context.Context, seg Segment, sync bool) (_ *shipCom
 			c.release()
 		}
 	}()
-	if !sp.t.claims.take(pathClaim(seg.LogPath())) {
+	logPath := seg.LogPath()
+	if !sp.t.claims.take(pathClaim(logPath)) {
 		return nil, nil
 	}
-	c.undo = append(c.undo, func() { sp.t.claims.release(pathClaim(seg.LogPath())) })
+	c.undo = append(c.undo, func() { sp.t.claims.release(pathClaim(logPath)) })
 	st := &c.st
-	if err := syscall.Stat(seg.LogPath(), st); err != nil {
+	if err := syscall.Stat(logPath, st); err != nil {
 		return nil, err
 	}
 	key := sp.objectKey(seg, st, ".log")
@@ -811,14 +813,15 @@ func (sp *shipper) finishAll(cs []*shipCommit) []error {
 // file that was uploaded, and returns its shipment as shipped.
 func (sp *shipper) recordShipped(c *shipCommit) (Shipment, error) {
 	seg, st, key, from := c.seg, &c.st, c.key, c.from
-	if err := sameFile(seg.LogPath(), st); err != nil {
+	logPath := seg.LogPath()
+	if err := sameFile(logPath, st); err != nil {
 		return Shipment{}, err
 	}
 	rec := Record{State: StateShipped, Key: key, ETag: c.m.ETag, Size: st.Size, MtimeNs: st.Mtim.Nano(), Ino: st.Ino}
 	if from > 0 {
 		rec.Extents = append(slices.Clone(c.cov.Extents), Extent{Pos: from, Len: st.Size - from, Key: key, ETag: c.m.ETag})
 	}
-	if err := writeRecord(seg.LogPath(), rec); err != nil {
+	if err := writeRecord(logPath, rec); err != nil {
 		return Shipment{}, err
 	}
 	sh := c.sh
@@ -1025,17 +1028,18 @@ func (sp *shipper) entriesOf(f *idx.File, seg Segment, key string, from, at, obj
 	if have {
 		return nil, nil
 	}
-	lf, err := os.Open(seg.LogPath())
+	logPath := seg.LogPath()
+	lf, err := os.Open(logPath)
 	if err != nil {
 		return nil, err
 	}
-	c, err := idx.ChunkSegment(seg.LogPath(), io.NewSectionReader(lf, at, seg.Size-at), seg.Size-at, objBase, idx.ChunkOptions{})
+	c, err := idx.ChunkSegment(logPath, io.NewSectionReader(lf, at, seg.Size-at), seg.Size-at, objBase, idx.ChunkOptions{})
 	lf.Close()
 	if err != nil {
 		return nil, err
 	}
 	if c.Opaque {
-		sp.t.cfg.Log.Warn("segment is not well-formed record batches; indexed as opaque chunks", "segment", seg.LogPath(), "why", c.Reason)
+		sp.t.cfg.Log.Warn("segment is not well-formed record batches; indexed as opaque chunks", "segment", logPath, "why", c.Reason)
 	}
 	es := make([]idx.Entry, 0, len(c.Chunks))
 	for _, ch := range c.Chunks {
