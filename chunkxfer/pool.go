@@ -294,7 +294,7 @@ func (p *Pool) prefetch(r *Reader, pos int64) (end int64, ok bool) {
 func (p *Pool) covers(r *Reader, pos int64) bool {
 	p.mu.Lock()
 	defer p.mu.Unlock()
-	_, in := p.pieceAt(r, pos)
+	_, in := p.holder(r, pos)
 	return in
 }
 
@@ -389,10 +389,8 @@ func (p *Pool) pieceSize(r *Reader) int64 {
 // number of readers crossed a power of two) would fetch bytes again.
 // GUARDED_BY(mu).
 func (p *Pool) pieceAt(r *Reader, pos int64) (id chunkID, in bool) {
-	for w, ok := r.m.ChunkSize, true; ok; w, ok = r.m.halfPiece(w) {
-		if id := r.pieceID(w, pos); p.chunks[id] != nil {
-			return id, true
-		}
+	if id, in := p.holder(r, pos); in {
+		return id, true
 	}
 	w := p.pieceSize(r)
 	for {
@@ -402,6 +400,17 @@ func (p *Pool) pieceAt(r *Reader, pos int64) (id chunkID, in bool) {
 		}
 		w = half
 	}
+}
+
+// holder is the chunk or piece of r's object in the table that holds
+// pos, if there is one. GUARDED_BY(mu).
+func (p *Pool) holder(r *Reader, pos int64) (id chunkID, in bool) {
+	for w, ok := r.m.ChunkSize, true; ok; w, ok = r.m.halfPiece(w) {
+		if id := r.pieceID(w, pos); p.chunks[id] != nil {
+			return id, true
+		}
+	}
+	return chunkID{}, false
 }
 
 // holdsPieces says whether a piece of r's object of at most w bytes in
