@@ -81,8 +81,6 @@ func Registry(t Tiering, pool *chunkxfer.Pool, log *slog.Logger) *prometheus.Reg
 			func() float64 { return float64(s.WaitNanos.Load()) / 1e9 }))
 		reg.MustRegister(prometheus.NewGaugeFunc(prometheus.GaugeOpts{Name: "tierfs_chunk_memory_limit_bytes", Help: "The chunk memory budget (--cache-bytes)."},
 			func() float64 { return float64(pool.Limit()) }))
-		reg.MustRegister(prometheus.NewGaugeFunc(prometheus.GaugeOpts{Name: "tierfs_chunk_memory_readers", Help: "Readers of remote files that read in order within the last 2 seconds and have not reached their file's end: the chunk memory's share of each, half of it for pieces, sets the size of their fetches."},
-			func() float64 { return float64(pool.Usage().Readers) }))
 		reg.MustRegister(&chunkMemory{pool: pool})
 	}
 	return reg
@@ -201,10 +199,16 @@ func Serve(ctx context.Context, addr string, reg *prometheus.Registry, log *slog
 var descChunkMemory = prometheus.NewDesc("tierfs_chunk_memory_bytes", "Chunk memory by kind: in_flight (being fetched), in_use (being read), windows (the chunk a sequential reader is in the middle of, kept for it between its reads), read_ahead (fetched ahead, not read yet), cache (read and kept), free (buffers kept to be filled again). Together at most tierfs_chunk_memory_limit_bytes.",
 	[]string{"kind"}, nil)
 
-// chunkMemory reports the chunk memory by kind, from one look at it.
+var descChunkMemoryReaders = prometheus.NewDesc("tierfs_chunk_memory_readers", "Readers of remote files that read in order within the last 2 seconds and have not reached their file's end. While fewer than half of them are reading, two pieces of each fit in half the chunk memory (see docs/design.md).", nil, nil)
+
+// chunkMemory reports the chunk memory by kind, and its readers, from
+// one look at it.
 type chunkMemory struct{ pool *chunkxfer.Pool }
 
-func (c *chunkMemory) Describe(ch chan<- *prometheus.Desc) { ch <- descChunkMemory }
+func (c *chunkMemory) Describe(ch chan<- *prometheus.Desc) {
+	ch <- descChunkMemory
+	ch <- descChunkMemoryReaders
+}
 
 func (c *chunkMemory) Collect(ch chan<- prometheus.Metric) {
 	u := c.pool.Usage()
@@ -214,4 +218,5 @@ func (c *chunkMemory) Collect(ch chan<- prometheus.Metric) {
 	}{{"in_flight", u.InFlight}, {"in_use", u.InUse}, {"windows", u.Windows}, {"read_ahead", u.ReadAhead}, {"cache", u.Cache}, {"free", u.Free}} {
 		ch <- prometheus.MustNewConstMetric(descChunkMemory, prometheus.GaugeValue, float64(k.bytes), k.kind)
 	}
+	ch <- prometheus.MustNewConstMetric(descChunkMemoryReaders, prometheus.GaugeValue, float64(u.Readers))
 }
