@@ -50,6 +50,7 @@ type result struct {
 	peakRSS    int64
 	p50, p99   float64 // ms
 	getsPerChk float64 // NaN when not known
+	fetchedPer float64 // bytes fetched per byte read; NaN when not known
 	err        error
 }
 
@@ -158,7 +159,7 @@ func main() {
 		if r.err != nil {
 			status = r.err.Error()
 		}
-		fmt.Fprintf(os.Stderr, "  %-8s %-32s %7.0f MB/s  peak RSS %5d MiB  p99 %6.1f ms  %s\n", mount, c.name, r.mbps, r.peakRSS>>20, r.p99, status)
+		fmt.Fprintf(os.Stderr, "  %-8s %-32s %7.0f MB/s  peak RSS %5d MiB  p99 %6.1f ms  fetched %.2f× read  %s\n", mount, c.name, r.mbps, r.peakRSS>>20, r.p99, r.fetchedPer, status)
 	}
 	for run := range *runs {
 		fmt.Fprintf(os.Stderr, "run %d/%d\n", run+1, *runs)
@@ -167,16 +168,25 @@ func main() {
 			unmount, pid := mount()
 			before, err := fetchRequests(metricsAddr)
 			check(err)
+			beforeB, err := benchutil.Metric(metricsAddr, "tierfs_remote_fetch_bytes_total")
+			check(err)
 			benchutil.DropCaches()
 			r := load(c, func(i int) string { return filepath.Join(mnt, segs[i]) }, segSize)
 			r.peakRSS, _ = procmem.PeakRSS(pid)
 			after, err := fetchRequests(metricsAddr)
+			check(err)
+			afterB, err := benchutil.Metric(metricsAddr, "tierfs_remote_fetch_bytes_total")
 			check(err)
 			read := chunks * int64(c.readers)
 			if c.same {
 				read = chunks
 			}
 			r.getsPerChk = (after - before) / float64(read)
+			readBytes := segSize * int64(c.readers)
+			if c.same {
+				readBytes = segSize
+			}
+			r.fetchedPer = (afterB - beforeB) / float64(readBytes)
 			if os.Getenv("BENCH_TIERLOAD_METRICS") != "" {
 				for _, m := range []string{"tierfs_chunk_memory_waits_total", "tierfs_chunk_memory_wait_seconds_total", "tierfs_chunk_memory_claims_revoked_total", "tierfs_read_ahead_skipped_total", "tierfs_read_ahead_wasted_total", "tierfs_cache_hits_total"} {
 					v, _ := benchutil.Metric(metricsAddr, m)
@@ -190,7 +200,7 @@ func main() {
 				benchutil.DropCaches()
 				r := load(c, p.path, segSize)
 				r.peakRSS, _ = procmem.PeakRSS(p.pid)
-				r.getsPerChk = math.NaN()
+				r.getsPerChk, r.fetchedPer = math.NaN(), math.NaN()
 				add(p.name, c, r)
 			}
 		}
@@ -199,9 +209,9 @@ func main() {
 	rep := benchutil.Report{
 		Name:  "tierload",
 		Title: "Evicted segments read at once",
-		Notes: []string{fmt.Sprintf("versitygw v1.8.0 on 127.0.0.1; %d evicted segments of %.1f MB (%d chunks of 8 MiB), read whole with 1 MiB read(2)s, the page cache dropped before each measurement; tierfs with --cache-bytes %s, mounted afresh for each measurement; rclone (--vfs-cache-mode off) and s3fs mounts of the same objects; medians of %d runs; \"× 1 reader\" is the median of the per-run ratios to one reader of the same mount; a read's wait is one read(2); GETs per chunk from tierfs's tierfs_remote_fetch_requests_total; %s.",
+		Notes: []string{fmt.Sprintf("versitygw v1.8.0 on 127.0.0.1; %d evicted segments of %.1f MB (%d chunks of 8 MiB), read whole with 1 MiB read(2)s, the page cache dropped before each measurement; tierfs with --cache-bytes %s, mounted afresh for each measurement; rclone (--vfs-cache-mode off) and s3fs mounts of the same objects; medians of %d runs; \"× 1 reader\" is the median of the per-run ratios to one reader of the same mount; a read's wait is one read(2); GETs per chunk from tierfs's tierfs_remote_fetch_requests_total, bytes fetched from tierfs_remote_fetch_bytes_total; %s.",
 			*nseg, float64(segSize)/1e6, chunks, *budget, *runs, benchutil.Machine())},
-		Header:   []string{"mount", "load", "MB/s", "× 1 reader", "peak RSS MiB", "read wait p50 ms", "p99 ms", "GETs per chunk"},
+		Header:   []string{"mount", "load", "MB/s", "× 1 reader", "peak RSS MiB", "read wait p50 ms", "p99 ms", "GETs per chunk", "bytes fetched per byte read"},
 		Versions: map[string]string{"versitygw": "v1.8.0", "rclone": benchutil.ToolVersion("rclone", "version"), "s3fs": benchutil.ToolVersion("s3fs", "--version")},
 	}
 	mounts := []string{tierfsName}
@@ -213,7 +223,7 @@ func main() {
 	for _, m := range mounts {
 		for _, c := range configs {
 			rs := res[m][c.name]
-			var mbps, ones, rss, p50, p99, gets []float64
+			var mbps, ones, rss, p50, p99, gets, per []float64
 			failed := 0
 			for i, r := range rs {
 				if r.err != nil {
@@ -226,21 +236,21 @@ func main() {
 				}
 				rss = append(rss, float64(r.peakRSS>>20))
 				p50, p99 = append(p50, r.p50), append(p99, r.p99)
-				gets = append(gets, r.getsPerChk)
+				gets, per = append(gets, r.getsPerChk), append(per, r.fetchedPer)
 				if m == tierfsName {
 					worstRSS = max(worstRSS, r.peakRSS)
 				}
 			}
 			row := []string{m, c.name}
 			if len(mbps) == 0 {
-				row = append(row, "failed", "", "", "", "", "")
+				row = append(row, "failed", "", "", "", "", "", "")
 			} else {
-				g := "n/a"
+				g, f := "n/a", "n/a"
 				if !math.IsNaN(gets[0]) {
-					g = fmt.Sprintf("%.2f", benchutil.Median(gets))
+					g, f = fmt.Sprintf("%.2f", benchutil.Median(gets)), fmt.Sprintf("%.2f", benchutil.Median(per))
 				}
 				row = append(row, fmt.Sprintf("%.0f", benchutil.Median(mbps)), fmt.Sprintf("%.2f", benchutil.Median(ones)),
-					fmt.Sprintf("%.0f", benchutil.Median(rss)), fmt.Sprintf("%.1f", benchutil.Median(p50)), fmt.Sprintf("%.1f", benchutil.Median(p99)), g)
+					fmt.Sprintf("%.0f", benchutil.Median(rss)), fmt.Sprintf("%.1f", benchutil.Median(p50)), fmt.Sprintf("%.1f", benchutil.Median(p99)), g, f)
 			}
 			if failed > 0 {
 				row[2] += fmt.Sprintf(" (%d of %d runs failed: %v)", failed, len(rs), firstErr(rs))
