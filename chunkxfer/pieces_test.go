@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"path/filepath"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -251,7 +252,8 @@ func TestReadersReadingAtOnceGetWholeChunks(t *testing.T) {
 	size := func() int64 {
 		pool.mu.Lock()
 		defer pool.mu.Unlock()
-		return pool.pieceSize(rds[0])
+		w, _ := pool.pieceSize(rds[0])
+		return w
 	}
 	if u := pool.Usage(); u.Readers != 16 {
 		t.Fatalf("%d readers, want 16", u.Readers)
@@ -268,4 +270,122 @@ func TestReadersReadingAtOnceGetWholeChunks(t *testing.T) {
 		t.Fatalf("eight of sixteen reading: pieces of %d, want whole chunks", w)
 	}
 	pool.reading.Add(-8)
+}
+
+// TestReadersInLongRoundsFetchWhatTheyRead: readers in turns whose
+// round takes far longer than activeSpan (a consumer catching up on a
+// thousand partitions comes back to each after 15 s) still count as
+// readers, so their pieces are sized to their share of the memory.
+// With 2 s of counting, a tenth of them counted, each turn fetched a
+// piece four times what it read, evicted before the reader came back.
+func TestReadersInLongRoundsFetchWhatTheyRead(t *testing.T) {
+	for _, b := range backends(t) {
+		if b.chunk > 64<<10 {
+			continue // 24 objects of S3's 5 MiB parts: the same code, slowly
+		}
+		// With 2 chunks, two blocks per reader do not fit in half of
+		// it.
+		for _, budget := range []int64{4, 2} {
+			t.Run(fmt.Sprintf("%s/%d-chunks", b.name, budget), func(t *testing.T) {
+				ctx := context.Background()
+				cs := b.chunk
+				bs := cs / 16
+				const readers = 24
+				keys, want := blockObjects(t, b.s, "rounds/", readers, 2*cs+cs/3, cs, bs, 400)
+				pool, _ := NewPool(budget*cs, nil)
+				defer pool.Close()
+				var mu sync.Mutex
+				clock := time.Unix(1_800_000_000, 0)
+				pool.now = func() time.Time { mu.Lock(); defer mu.Unlock(); return clock }
+				rds := make([]*Reader, readers)
+				got := make([][]byte, readers)
+				for i, k := range keys {
+					var err error
+					if rds[i], err = NewReader(ctx, b.s, k, pool, ReaderOptions{ReadAhead: 4}); err != nil {
+						t.Fatal(err)
+					}
+					defer rds[i].Close()
+				}
+				turn := int(cs / 8)
+				var read, read2, fetched2 int64 // read2 and fetched2: after two rounds
+				rounds := 0
+				for left := true; left; {
+					left = false
+					for i, rd := range rds {
+						off := int64(len(got[i]))
+						if off >= rd.Size() {
+							continue
+						}
+						left = true
+						buf := make([]byte, turn)
+						n, err := rd.ReadAt(buf, off)
+						if err != nil && n != len(buf) && int64(n)+off != rd.Size() {
+							t.Fatalf("reader %d at %d: %d bytes, %v", i, off, n, err)
+						}
+						got[i] = append(got[i], buf[:n]...)
+						read += int64(n)
+						waitIdle(t, pool) // its read-ahead, if any, lands before the clock moves
+						mu.Lock()
+						clock = clock.Add(time.Second) // a round of 24 s
+						mu.Unlock()
+					}
+					if rounds++; rounds == 2 {
+						read2, fetched2 = read, pool.stats.FetchedBytes.Load()
+					}
+				}
+				for i, k := range keys {
+					if !bytes.Equal(got[i], want[k]) {
+						t.Fatalf("reader %d read %d bytes, not its object's %d", i, len(got[i]), len(want[k]))
+					}
+				}
+				st := pool.Stats()
+				fetched := st.FetchedBytes.Load()
+				t.Logf("%d readers in rounds of %d s: %d bytes read, %d fetched (%.2f×; %.2f× in the first two rounds), %d claims revoked, %d read-ahead wasted",
+					readers, readers, read, fetched, float64(fetched)/float64(read), float64(fetched2)/float64(read2), st.Revoked.Load(), st.AheadWasted.Load())
+				// A reader counts once it has come back after a pause: the
+				// first round (and the part of the second before each has)
+				// is sized for the readers seen so far.
+				if r, f := read-read2, fetched-fetched2; f > r+r/5 {
+					t.Fatalf("after two rounds: %d bytes fetched for %d read: more than 1.2×", f, r)
+				}
+			})
+		}
+	}
+}
+
+// TestManyReadersFirstReadAndReadAhead: with far more readers in turns
+// than the memory holds two blocks of, a reader's first read fetches its
+// pieces alone (not blocks, then the piece that holds them again), and
+// nothing ahead: read-ahead would be evicted before its next turn.
+func TestManyReadersFirstReadAndReadAhead(t *testing.T) {
+	ctx := context.Background()
+	const cs, bs = 64 << 10, 4 << 10
+	m := store.NewMem(nil)
+	keys, wants := blockObjects(t, m, "many/", 41, 2*cs, cs, bs, 500)
+	pool, _ := NewPool(2*cs, nil)
+	defer pool.Close()
+	// Forty readers that have read in order: a share of 128 KiB / 160,
+	// less than a block.
+	for _, k := range keys[1:] {
+		o, _ := NewReader(ctx, m, k, pool, ReaderOptions{ReadAhead: 4})
+		defer o.Close()
+		readRange(t, o, 0, 10, wants[k])
+		readRange(t, o, 10, 10, wants[k])
+	}
+	waitIdle(t, pool)
+	rd, _ := NewReader(ctx, m, keys[0], pool, ReaderOptions{ReadAhead: 4})
+	defer rd.Close()
+	blocks0, fetched0 := pool.stats.BlockFetches.Load(), pool.stats.FetchedBytes.Load()
+	readRange(t, rd, 0, 2*bs, wants[keys[0]])
+	readRange(t, rd, 2*bs, bs, wants[keys[0]])
+	waitIdle(t, pool)
+	if b := pool.stats.BlockFetches.Load() - blocks0; b != 0 {
+		t.Fatalf("%d first-read block fetches while reads get pieces", b)
+	}
+	if f := pool.stats.FetchedBytes.Load() - fetched0; f != 3*bs {
+		t.Fatalf("%d bytes fetched for 3 blocks read, want %d: blocks twice, or read ahead", f, 3*bs)
+	}
+	if u := pool.Usage(); u.ReadAhead != 0 {
+		t.Fatalf("read ahead with no room for it: %+v", u)
+	}
 }

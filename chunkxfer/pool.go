@@ -54,7 +54,7 @@ type Pool struct {
 	waiters   list.List          // of *waiter, first come first served; GUARDED_BY(mu)
 	claims    list.List          // of *claim; GUARDED_BY(mu)
 	timer     *time.Timer        // wakes waiters when a claim can be revoked; GUARDED_BY(mu)
-	active    list.List          // of *Reader: read in order within activeSpan, most recent first; GUARDED_BY(mu)
+	active    list.List          // of *Reader: read in order within their span, most recent first; GUARDED_BY(mu)
 	reading   atomic.Int64       // reads in progress (in a Reader's ReadAt or Slice)
 	claimIdle time.Duration      // a claim unused this long is revoked for a waiting read
 	now       func() time.Time
@@ -298,18 +298,38 @@ func (p *Pool) covers(r *Reader, pos int64) bool {
 	return in
 }
 
-// activeSpan is how long a Reader that read in order counts as one of
-// the pool's readers (see pieceSize). A consumer catching up on many
-// partitions reads each for a while in turn; this is longer than a turn
-// of a few dozen.
-const activeSpan = 2 * time.Second
+// activeSpan is the least time a Reader that read in order counts as
+// one of the pool's readers after its last read (see pieceSize). A
+// Reader that reads in turns counts for twice its last pause between
+// turns (Reader.turn) when that is longer, up to maxActiveSpan: a
+// consumer catching up reads a megabyte of each partition in turn, and
+// a round over a thousand partitions takes 10-15 s (counted for 2 s,
+// only those read in the last 2 s counted, and their pieces were sized
+// for several times the memory there is:
+// TestReadersInLongRoundsFetchWhatTheyRead).
+const (
+	activeSpan    = 2 * time.Second
+	maxActiveSpan = time.Minute
+)
 
 // inOrder notes that r has just read in order, and returns the size of
-// the pieces its reads get now.
-func (p *Pool) inOrder(r *Reader) int64 {
+// the pieces its reads get now and whether two of them for each reader
+// fit in half the budget (else it reads nothing ahead: its read-ahead
+// would be evicted before its next turn).
+func (p *Pool) inOrder(r *Reader) (w int64, fits bool) {
 	p.mu.Lock()
 	defer p.mu.Unlock()
-	r.activeAt = p.now()
+	now := p.now()
+	if !r.activeAt.IsZero() {
+		// A pause of a quarter of activeSpan or more is a turn
+		// (shorter ones are a reader's own gaps, or the kernel's);
+		// one longer than maxActiveSpan is a reader come back, not a
+		// round.
+		if gap := now.Sub(r.activeAt); gap >= activeSpan/4 && gap <= maxActiveSpan {
+			r.turn = gap
+		}
+	}
+	r.activeAt = now
 	switch {
 	case r.closed.Load(): // a read that ended after Close: leave let r go
 	case r.activeElem != nil:
@@ -320,6 +340,11 @@ func (p *Pool) inOrder(r *Reader) int64 {
 	return p.pieceSize(r)
 }
 
+// span is how long r counts as a reader after its last read in order.
+func (r *Reader) span() time.Duration {
+	return min(maxActiveSpan, max(activeSpan, 2*r.turn))
+}
+
 // forget stops counting r among the readers. GUARDED_BY(mu).
 func (p *Pool) forget(r *Reader) {
 	if r.activeElem != nil {
@@ -328,13 +353,16 @@ func (p *Pool) forget(r *Reader) {
 	}
 }
 
-// trimActive drops the readers that have not read in order within
-// activeSpan. GUARDED_BY(mu).
+// trimActive drops the readers that have not read in order within their
+// span, from the longest idle: it stops at the first that still counts,
+// so one that reads in long turns can keep others counted a little
+// longer than theirs (smaller pieces for a while, never more bytes
+// fetched). GUARDED_BY(mu).
 func (p *Pool) trimActive() {
 	now := p.now()
 	for e := p.active.Back(); e != nil; e = p.active.Back() {
 		r := e.Value.(*Reader)
-		if now.Sub(r.activeAt) < activeSpan {
+		if now.Sub(r.activeAt) < r.span() {
 			return
 		}
 		p.forget(r)
@@ -343,11 +371,12 @@ func (p *Pool) trimActive() {
 
 // pieceSize is how much of r's object its reads fetch at a time: whole
 // chunks while half the budget has room for two chunks of every reader
-// that reads in order (within activeSpan), its window and one ahead, or
+// that reads in order (within its span), its window and one ahead, or
 // while at least half of those readers are reading now; else the chunk
 // halved, while it stays whole blocks, until two pieces of each reader
 // fit in half the budget (the other half is slack: reads in flight,
-// pieces just read, readers that came since).
+// pieces just read, readers that came since). fits is false when even
+// the smallest piece (a block) is too large for that.
 //
 // Readers that all read at once each read the chunk they hold to its
 // end (their claims keep it), so whole chunks cost nothing twice; with
@@ -358,16 +387,16 @@ func (p *Pool) trimActive() {
 // with whole chunks each turn fetched a chunk evicted before the
 // reader's next turn: four times the bytes read (bench/kafkacatchup).
 // A piece is checked against its blocks' CRC32Cs. GUARDED_BY(mu).
-func (p *Pool) pieceSize(r *Reader) int64 {
+func (p *Pool) pieceSize(r *Reader) (w int64, fits bool) {
 	m := r.m
-	w := m.ChunkSize
+	w = m.ChunkSize
 	if m.Blocks() == 0 {
-		return w
+		return w, true
 	}
 	p.trimActive()
 	readers := int64(max(1, p.active.Len()))
 	if 2*p.reading.Load() >= readers {
-		return w // most of them read now: whole chunks
+		return w, true // most of them read now: whole chunks
 	}
 	share := p.limit / (4 * readers)
 	for w > share {
@@ -377,7 +406,16 @@ func (p *Pool) pieceSize(r *Reader) int64 {
 		}
 		w = half
 	}
-	return w
+	return w, w <= share
+}
+
+// tight reports whether the memory has no room for two pieces of each
+// reader now (pieceSize's fits is false): r reads nothing ahead.
+func (p *Pool) tight(r *Reader) bool {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	_, fits := p.pieceSize(r)
+	return !fits
 }
 
 // pieceAt is the chunk or piece of r's object that holds pos: one in
@@ -392,7 +430,7 @@ func (p *Pool) pieceAt(r *Reader, pos int64) (id chunkID, in bool) {
 	if id, in := p.holder(r, pos); in {
 		return id, true
 	}
-	w := p.pieceSize(r)
+	w, _ := p.pieceSize(r)
 	for {
 		half, ok := r.m.halfPiece(w)
 		if !ok || !p.holdsPieces(r, r.pieceID(w, pos), half) {

@@ -50,10 +50,13 @@ type Reader struct {
 	// starts. GUARDED_BY(pool.mu)
 	want int64
 	// activeElem is the Reader in pool.active (nil when it has not read
-	// in order within activeSpan); activeAt is when it last did.
+	// in order within its span); activeAt is when it last did.
 	// GUARDED_BY(pool.mu)
 	activeElem *list.Element
 	activeAt   time.Time
+	// turn is its last pause between reads in order of at least
+	// activeSpan/4 (a reader in turns: see span). GUARDED_BY(pool.mu)
+	turn time.Duration
 }
 
 // NewReader opens key through its manifest.
@@ -204,7 +207,8 @@ const maxBlockRead = 2
 // request to whole parts. ok is false where it does not apply (no
 // blocks in the manifest, a read of more than maxBlockRead blocks or
 // across chunks, a chunk or piece holding off fetched or being fetched,
-// or no memory free now); then the read goes to the chunk as before.
+// no room to read ahead (Pool.tight), or no memory free now); then the
+// read goes to the chunk (or piece) as before.
 func (r *Reader) readBlocks(ctx context.Context, p []byte, off int64, m readMode) (n int, ok bool, err error) {
 	end := min(off+int64(len(p)), r.m.Size)
 	b0, b1, ok := r.blocksFor(off, end, m)
@@ -240,7 +244,9 @@ func (r *Reader) blocksFor(off, end int64, m readMode) (b0, b1 int, ok bool) {
 		return 0, 0, false
 	}
 	b0, b1 = int(off/r.m.BlockSize), int((end-1)/r.m.BlockSize)
-	if (end-1)/r.m.ChunkSize != off/r.m.ChunkSize || b1-b0+1 > maxBlockRead || r.pool.covers(r, off) {
+	if (end-1)/r.m.ChunkSize != off/r.m.ChunkSize || b1-b0+1 > maxBlockRead || r.pool.covers(r, off) || r.pool.tight(r) {
+		// With no room to read ahead, the blocks would only be
+		// fetched again with the piece that holds them.
 		return 0, 0, false
 	}
 	return b0, b1, true
@@ -277,9 +283,12 @@ func (r *Reader) after(end int64, m readMode) {
 		r.pool.leave(r) // nothing ahead: not one of the readers now
 		return
 	}
-	w := r.pool.inOrder(r)
+	w, fits := r.pool.inOrder(r)
 	ahead := r.opts.ReadAhead
-	if w < r.m.ChunkSize {
+	switch {
+	case !fits:
+		ahead = 0 // it would be evicted before the reader's next turn
+	case w < r.m.ChunkSize:
 		ahead = min(ahead, 1)
 	}
 	next := (end + w - 1) / w * w // the piece holding end was just read

@@ -199,7 +199,7 @@ func Serve(ctx context.Context, addr string, reg *prometheus.Registry, log *slog
 var descChunkMemory = prometheus.NewDesc("tierfs_chunk_memory_bytes", "Chunk memory by kind: in_flight (being fetched), in_use (being read), windows (the chunk a sequential reader is in the middle of, kept for it between its reads), read_ahead (fetched ahead, not read yet), cache (read and kept), free (buffers kept to be filled again). Together at most tierfs_chunk_memory_limit_bytes.",
 	[]string{"kind"}, nil)
 
-var descChunkMemoryReaders = prometheus.NewDesc("tierfs_chunk_memory_readers", "Readers of remote files that read in order within the last 2 seconds and have not reached their file's end. While fewer than half of them are reading, two pieces of each fit in half the chunk memory (see docs/design.md).", nil, nil)
+var descChunkMemoryReaders = prometheus.NewDesc("tierfs_chunk_memory_readers", "Readers of remote files that read in order within the last 2 seconds (or, for a reader in turns, twice its last pause between turns, up to a minute) and have not reached their file's end. While fewer than half of them are reading, two pieces of each fit in half the chunk memory (see docs/design.md).", nil, nil)
 
 // chunkMemory reports the chunk memory by kind, and its readers, from
 // one look at it.
