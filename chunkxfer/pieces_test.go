@@ -50,6 +50,40 @@ func blockObjects(t *testing.T, s store.Store, prefix string, n int, size, cs, b
 	return keys, wants
 }
 
+// readInTurns reads each of rds in turns of turn bytes, one reader after
+// the other, until each has read its object, appending what it read to
+// got; it calls afterRead after each read and afterRound after each
+// round (either may be nil) with the bytes read so far, and returns
+// them.
+func readInTurns(t *testing.T, rds []*Reader, got [][]byte, turn int, afterRead, afterRound func(read int64)) int64 {
+	t.Helper()
+	var read int64
+	for left := true; left; {
+		left = false
+		for i, rd := range rds {
+			off := int64(len(got[i]))
+			if off >= rd.Size() {
+				continue
+			}
+			left = true
+			buf := make([]byte, turn)
+			n, err := rd.ReadAt(buf, off)
+			if err != nil && n != len(buf) && int64(n)+off != rd.Size() {
+				t.Fatalf("reader %d at %d: %d bytes, %v", i, off, n, err)
+			}
+			got[i] = append(got[i], buf[:n]...)
+			read += int64(n)
+			if afterRead != nil {
+				afterRead(read)
+			}
+		}
+		if afterRound != nil {
+			afterRound(read)
+		}
+	}
+	return read
+}
+
 // TestManyReadersInTurnFetchWhatTheyRead: twelve readers of objects of
 // their own, reading in turn an eighth of a chunk each (as a consumer
 // catching up reads a megabyte of each of its partitions in turn), with
@@ -79,24 +113,7 @@ func TestManyReadersInTurnFetchWhatTheyRead(t *testing.T) {
 				}
 			}
 			turn := int(cs / 8)
-			var read int64
-			for left := true; left; {
-				left = false
-				for i, rd := range rds {
-					off := int64(len(got[i]))
-					if off >= rd.Size() {
-						continue
-					}
-					left = true
-					buf := make([]byte, turn)
-					n, err := rd.ReadAt(buf, off)
-					if err != nil && n != len(buf) && int64(n)+off != rd.Size() {
-						t.Fatalf("reader %d at %d: %d bytes, %v", i, off, n, err)
-					}
-					got[i] = append(got[i], buf[:n]...)
-					read += int64(n)
-				}
-			}
+			read := readInTurns(t, rds, got, turn, nil, nil)
 			pool.mu.Lock()
 			active := pool.active.Len()
 			pool.mu.Unlock()
@@ -306,33 +323,18 @@ func TestReadersInLongRoundsFetchWhatTheyRead(t *testing.T) {
 					}
 					defer rds[i].Close()
 				}
-				turn := int(cs / 8)
-				var read, read2, fetched2 int64 // read2 and fetched2: after two rounds
+				var read2, fetched2 int64 // after two rounds
 				rounds := 0
-				for left := true; left; {
-					left = false
-					for i, rd := range rds {
-						off := int64(len(got[i]))
-						if off >= rd.Size() {
-							continue
-						}
-						left = true
-						buf := make([]byte, turn)
-						n, err := rd.ReadAt(buf, off)
-						if err != nil && n != len(buf) && int64(n)+off != rd.Size() {
-							t.Fatalf("reader %d at %d: %d bytes, %v", i, off, n, err)
-						}
-						got[i] = append(got[i], buf[:n]...)
-						read += int64(n)
-						waitIdle(t, pool) // its read-ahead, if any, lands before the clock moves
-						mu.Lock()
-						clock = clock.Add(time.Second) // a round of 24 s
-						mu.Unlock()
-					}
+				read := readInTurns(t, rds, got, int(cs/8), func(int64) {
+					waitIdle(t, pool) // its read-ahead, if any, lands before the clock moves
+					mu.Lock()
+					clock = clock.Add(time.Second) // a round of 24 s
+					mu.Unlock()
+				}, func(read int64) {
 					if rounds++; rounds == 2 {
 						read2, fetched2 = read, pool.stats.FetchedBytes.Load()
 					}
-				}
+				})
 				for i, k := range keys {
 					if !bytes.Equal(got[i], want[k]) {
 						t.Fatalf("reader %d read %d bytes, not its object's %d", i, len(got[i]), len(want[k]))
