@@ -50,6 +50,35 @@ func blockObjects(t *testing.T, s store.Store, prefix string, n int, size, cs, b
 	return keys, wants
 }
 
+// openReaders opens a Reader of each of keys in pool, closed when the
+// test ends.
+func openReaders(t *testing.T, s store.Store, keys []string, pool *Pool, opts ReaderOptions) []*Reader {
+	t.Helper()
+	rds := make([]*Reader, len(keys))
+	for i, k := range keys {
+		rd, err := NewReader(context.Background(), s, k, pool, opts)
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { rd.Close() })
+		rds[i] = rd
+	}
+	return rds
+}
+
+// readersInOrder opens a Reader of each of keys (openReaders) and reads
+// its start in two reads in order, so that each counts among pool's
+// readers.
+func readersInOrder(t *testing.T, s store.Store, keys []string, wants map[string][]byte, pool *Pool, opts ReaderOptions) []*Reader {
+	t.Helper()
+	rds := openReaders(t, s, keys, pool, opts)
+	for i, rd := range rds {
+		readRange(t, rd, 0, 10, wants[keys[i]])
+		readRange(t, rd, 10, 10, wants[keys[i]])
+	}
+	return rds
+}
+
 // readInTurns reads each of rds in turns of turn bytes, one reader after
 // the other, until each has read its object, appending what it read to
 // got; it calls afterRead after each read and afterRound after each
@@ -104,14 +133,8 @@ func TestManyReadersInTurnFetchWhatTheyRead(t *testing.T) {
 			pool, _ := NewPool(4*cs, nil)
 			defer pool.Close()
 			pool.claimIdle = 20 * time.Millisecond // whole chunks would otherwise wait long for room
-			rds := make([]*Reader, readers)
+			rds := openReaders(t, b.s, keys, pool, ReaderOptions{ReadAhead: 4})
 			got := make([][]byte, readers)
-			for i, k := range keys {
-				var err error
-				if rds[i], err = NewReader(ctx, b.s, k, pool, ReaderOptions{ReadAhead: 4}); err != nil {
-					t.Fatal(err)
-				}
-			}
 			turn := int(cs / 8)
 			read := readInTurns(t, rds, got, turn, nil, nil)
 			pool.mu.Lock()
@@ -173,12 +196,7 @@ func TestPiecesAreChecked(t *testing.T) {
 	defer pool.Close()
 	// Fifteen other readers reading in turns: the reader's share is a
 	// sixteenth of the budget, so its reads get pieces of 4 KiB.
-	for _, k := range keys[1:] {
-		o, _ := NewReader(ctx, m, k, pool, ReaderOptions{})
-		defer o.Close()
-		readRange(t, o, 0, 10, wants[k])
-		readRange(t, o, 10, 10, wants[k])
-	}
+	readersInOrder(t, m, keys[1:], wants, pool, ReaderOptions{})
 	rd, _ := NewReader(ctx, m, keys[0], pool, ReaderOptions{Attempts: 2})
 	defer rd.Close()
 	readRange(t, rd, 0, 100, want)
@@ -217,13 +235,7 @@ func TestPiecesNeverOverlap(t *testing.T) {
 	want := wants[keys[0]]
 	pool, _ := NewPool(16*cs, nil)
 	defer pool.Close()
-	var others []*Reader
-	for _, k := range keys[1:] {
-		o, _ := NewReader(ctx, m, k, pool, ReaderOptions{})
-		readRange(t, o, 0, 10, wants[k])
-		readRange(t, o, 10, 10, wants[k])
-		others = append(others, o)
-	}
+	others := readersInOrder(t, m, keys[1:], wants, pool, ReaderOptions{})
 	waitIdle(t, pool)
 	base := pool.Stats().FetchedBytes.Load()
 	rd, _ := NewReader(ctx, m, keys[0], pool, ReaderOptions{ReadAhead: 2})
@@ -304,7 +316,6 @@ func TestReadersInLongRoundsFetchWhatTheyRead(t *testing.T) {
 		// it.
 		for _, budget := range []int64{4, 2} {
 			t.Run(fmt.Sprintf("%s/%d-chunks", b.name, budget), func(t *testing.T) {
-				ctx := context.Background()
 				cs := b.chunk
 				bs := cs / 16
 				const readers = 24
@@ -314,15 +325,8 @@ func TestReadersInLongRoundsFetchWhatTheyRead(t *testing.T) {
 				var mu sync.Mutex
 				clock := time.Unix(1_800_000_000, 0)
 				pool.now = func() time.Time { mu.Lock(); defer mu.Unlock(); return clock }
-				rds := make([]*Reader, readers)
+				rds := openReaders(t, b.s, keys, pool, ReaderOptions{ReadAhead: 4})
 				got := make([][]byte, readers)
-				for i, k := range keys {
-					var err error
-					if rds[i], err = NewReader(ctx, b.s, k, pool, ReaderOptions{ReadAhead: 4}); err != nil {
-						t.Fatal(err)
-					}
-					defer rds[i].Close()
-				}
 				var read2, fetched2 int64 // after two rounds
 				rounds := 0
 				read := readInTurns(t, rds, got, int(cs/8), func(int64) {
@@ -368,12 +372,7 @@ func TestManyReadersFirstReadAndReadAhead(t *testing.T) {
 	defer pool.Close()
 	// Forty readers that have read in order: a share of 128 KiB / 160,
 	// less than a block.
-	for _, k := range keys[1:] {
-		o, _ := NewReader(ctx, m, k, pool, ReaderOptions{ReadAhead: 4})
-		defer o.Close()
-		readRange(t, o, 0, 10, wants[k])
-		readRange(t, o, 10, 10, wants[k])
-	}
+	readersInOrder(t, m, keys[1:], wants, pool, ReaderOptions{ReadAhead: 4})
 	waitIdle(t, pool)
 	rd, _ := NewReader(ctx, m, keys[0], pool, ReaderOptions{ReadAhead: 4})
 	defer rd.Close()
