@@ -1,14 +1,17 @@
 // Command kafkacatchup measures a consumer catching up from offset 0 on
 // a topic of many partitions whose rolled segments are all evicted: a
 // real Kafka broker on a tierfs mount with a dir store, one mount per
-// chunk memory budget (--cache-bytes), all running at once and measured
-// in turn. For each budget: consume MB/s, the mount's peak resident
-// memory during the consume, and chunk GETs per chunk of data read.
+// chunk memory budget (--cache-bytes), and a broker on a plain directory
+// with the same records (-plain), all running at once and measured in
+// turn. For each budget: consume MB/s and its ratio to the plain
+// directory's in the same run, the mount's peak resident memory during
+// the consume, and bytes fetched per byte consumed.
 //
 //	go run ./bench/kafkacatchup -tierfs bin/tierfs -partitions 40 -mib 40 -budgets 64MiB,256MiB -runs 3
 package main
 
 import (
+	"cmp"
 	"context"
 	"encoding/binary"
 	"flag"
@@ -30,6 +33,7 @@ import (
 const topic = "catchup"
 
 type setup struct {
+	plain   bool // a broker on a plain directory: no mount
 	budget  string
 	budgetB int64
 	logDir  string
@@ -39,6 +43,15 @@ type setup struct {
 	mbps    []float64
 	rss     []float64
 	amp     []float64 // bytes fetched from the store per byte consumed
+	xPlain  []float64 // consume MB/s over the plain directory's, per run
+}
+
+// name is the setup's name in the output.
+func (su *setup) name() string {
+	if su.plain {
+		return "plain directory"
+	}
+	return "--cache-bytes " + su.budget
 }
 
 func main() {
@@ -48,6 +61,7 @@ func main() {
 	budgets := flag.String("budgets", "64MiB,256MiB", "--cache-bytes of each mount, comma-separated")
 	segmentBytes := flag.String("segment-bytes", "8MiB", "log.segment.bytes")
 	runs := flag.Int("runs", 3, "consumes from offset 0 per mount")
+	plain := flag.Bool("plain", true, "also a broker on a plain directory, the anchor of the × plain column")
 	flag.Parse()
 	u := benchutil.NewUndo("bench-kafkacatchup")
 	defer u.Run()
@@ -63,21 +77,27 @@ func main() {
 	records := *partitions * *mib << 20 / 1024
 
 	var setups []*setup
-	for i, b := range strings.Split(*budgets, ",") {
-		bb, err := benchutil.ParseSize(b)
-		u.Check(err)
-		su := &setup{budget: b, budgetB: bb, logDir: filepath.Join(dir, fmt.Sprint(i), "logs")}
-		backing := filepath.Join(dir, fmt.Sprint(i), "backing")
+	names := strings.Split(*budgets, ",")
+	if *plain {
+		names = append(names, "")
+	}
+	for i, b := range names {
+		su := &setup{plain: b == "", budget: b, logDir: filepath.Join(dir, fmt.Sprint(i), "logs")}
 		u.Check(os.MkdirAll(su.logDir, 0o755))
-		u.Check(os.MkdirAll(backing, 0o755))
-		su.metrics, err = benchutil.FreeAddr()
-		u.Check(err)
-		stop, pid, err := benchutil.MountProc(tierfsBin, filepath.Join(dir, fmt.Sprint(i), "tierfs.log"), nil,
-			"--backing", backing, "--remote", "file://"+filepath.Join(dir, fmt.Sprint(i), "remote"), "--ship-after", "1s",
-			"--local-retention-bytes", "1", "--tier-interval", "500ms", "--cache-bytes", b, "--metrics-listen", su.metrics, su.logDir)
-		u.Check(err)
-		u.Push(stop)
-		su.pid = pid
+		if !su.plain {
+			su.budgetB, err = benchutil.ParseSize(b)
+			u.Check(err)
+			backing := filepath.Join(dir, fmt.Sprint(i), "backing")
+			u.Check(os.MkdirAll(backing, 0o755))
+			su.metrics, err = benchutil.FreeAddr()
+			u.Check(err)
+			stop, pid, err := benchutil.MountProc(tierfsBin, filepath.Join(dir, fmt.Sprint(i), "tierfs.log"), nil,
+				"--backing", backing, "--remote", "file://"+filepath.Join(dir, fmt.Sprint(i), "remote"), "--ship-after", "1s",
+				"--local-retention-bytes", "1", "--tier-interval", "500ms", "--cache-bytes", b, "--metrics-listen", su.metrics, su.logDir)
+			u.Check(err)
+			u.Push(stop)
+			su.pid = pid
+		}
 		work := filepath.Join(dir, fmt.Sprint(i), "broker")
 		su.br, err = kafka.Start(kafka.Options{LogDir: su.logDir, MetadataDir: filepath.Join(work, "metadata"), WorkDir: work, Props: props})
 		u.Check(err)
@@ -85,18 +105,36 @@ func main() {
 		u.Push(func() { br.Stop() })
 		setups = append(setups, su)
 
-		fmt.Fprintf(os.Stderr, "%s: producing %d MiB to each of %d partitions\n", b, *mib, *partitions)
+		fmt.Fprintf(os.Stderr, "%s: producing %d MiB to each of %d partitions\n", su.name(), *mib, *partitions)
 		u.Check(produce(br, *partitions, records))
 	}
 	for _, su := range setups {
+		if su.plain {
+			continue
+		}
 		fmt.Fprintf(os.Stderr, "%s: waiting for the rolled segments to be evicted\n", su.budget)
 		for p := range *partitions {
 			u.Check(benchutil.WaitFor(func() bool { return benchutil.AllEvicted(filepath.Join(su.logDir, fmt.Sprintf("%s-%d", topic, p))) }, 20*time.Minute, "eviction"))
 		}
 	}
+	var anchor *setup
+	for _, su := range setups {
+		if su.plain {
+			anchor = su
+		}
+	}
 	for r := range *runs {
 		for k := range setups {
 			su := setups[(k+r)%len(setups)]
+			if su.plain {
+				benchutil.DropCaches()
+				var n int64
+				d := benchutil.Time(func() { n, err = consume(su.br, records) })
+				u.Check(err)
+				su.mbps = append(su.mbps, float64(n)/1e6/d.Seconds())
+				fmt.Fprintf(os.Stderr, "run %d, plain directory: consume %.0f MB/s\n", r+1, su.mbps[r])
+				continue
+			}
 			before, err := benchutil.Metric(su.metrics, "tierfs_remote_fetch_requests_total")
 			u.Check(err)
 			bytesBefore, err := benchutil.Metric(su.metrics, "tierfs_remote_fetch_bytes_total")
@@ -134,30 +172,45 @@ func main() {
 			fmt.Fprintf(os.Stderr, "run %d, --cache-bytes %s: consume %.0f MB/s, peak RSS %d MiB, %.0f GETs, %.0f MB fetched (%s)\n",
 				r+1, su.budget, su.mbps[r], rss>>20, after-before, (bytesAfter-bytesBefore)/1e6, strings.Join(counts, ", "))
 		}
+		if anchor != nil {
+			for _, su := range setups {
+				if !su.plain {
+					su.xPlain = append(su.xPlain, su.mbps[r]/anchor.mbps[r])
+				}
+			}
+		}
 	}
 	for _, su := range setups {
 		if p := logProblems(su.br); len(p) > 0 {
 			// The work directory goes: keep the broker's whole log
 			// (the exceptions after each error line) and the mount's.
-			kept := filepath.Join(os.TempDir(), fmt.Sprintf("kafkacatchup-%d-%s", os.Getpid(), su.budget))
+			kept := filepath.Join(os.TempDir(), fmt.Sprintf("kafkacatchup-%d-%s", os.Getpid(), cmp.Or(su.budget, "plain")))
 			os.WriteFile(kept+"-broker.log", []byte(su.br.Log()), 0o644)
 			if b, err := os.ReadFile(filepath.Join(filepath.Dir(su.logDir), "tierfs.log")); err == nil {
 				os.WriteFile(kept+"-tierfs.log", b, 0o644)
 			}
-			u.Fail(fmt.Errorf("--cache-bytes %s: the broker logged (whole logs in %s-*.log):\n%s", su.budget, kept, strings.Join(p, "\n")))
+			u.Fail(fmt.Errorf("%s: the broker logged (whole logs in %s-*.log):\n%s", su.name(), kept, strings.Join(p, "\n")))
 		}
 	}
 	rep := benchutil.Report{
 		Name:  "kafkacatchup",
 		Title: "Kafka consumer catching up from offset 0, every rolled segment evicted",
-		Notes: []string{fmt.Sprintf("Kafka %s broker (KRaft, one node) on a tierfs mount with a dir store in %s, one broker and mount per --cache-bytes, measured in turn; a topic of %d partitions, %d MiB of 1 KB records each, log.segment.bytes %s; one consumer (franz-go, a group of its own) reads every partition from offset 0 with the page cache dropped, so every rolled segment comes from the store; peak RSS is the mount's VmHWM during the consume; medians of %d runs; %s.",
+		Notes: []string{fmt.Sprintf("Kafka %s broker (KRaft, one node) on a tierfs mount with a dir store in %s, one broker and mount per --cache-bytes (and, with -plain, a broker on a plain directory in the same file system), measured in turn in an order that rotates; a topic of %d partitions, %d MiB of 1 KB records each, log.segment.bytes %s; one consumer (franz-go, a group of its own) reads every partition from offset 0 with the page cache dropped, so every rolled segment comes from the store (and, on the plain directory, from the disk); × plain: the median of per-run ratios of the consume rate to the plain directory's; peak RSS is the mount's VmHWM during the consume; medians of %d runs; %s.",
 			kafka.Version(), where, *partitions, *mib, *segmentBytes, *runs, benchutil.Machine())},
-		Header:   []string{"--cache-bytes", "consume MB/s", "peak RSS of tierfs, MiB", "× (budget + 64 MiB)", "bytes fetched per byte consumed"},
+		Header:   []string{"--cache-bytes", "consume MB/s", "× plain", "peak RSS of tierfs, MiB", "× (budget + 64 MiB)", "bytes fetched per byte consumed"},
 		Versions: map[string]string{"Kafka": kafka.Version()},
 	}
 	for _, su := range setups {
+		if su.plain {
+			rep.Rows = append(rep.Rows, []string{"plain directory", fmt.Sprintf("%.0f", benchutil.Median(su.mbps)), "1.00", "–", "–", "–"})
+			continue
+		}
+		x := "–"
+		if len(su.xPlain) > 0 {
+			x = fmt.Sprintf("%.2f", benchutil.Median(su.xPlain))
+		}
 		rss := benchutil.Median(su.rss)
-		rep.Rows = append(rep.Rows, []string{su.budget, fmt.Sprintf("%.0f", benchutil.Median(su.mbps)), fmt.Sprintf("%.0f", rss),
+		rep.Rows = append(rep.Rows, []string{su.budget, fmt.Sprintf("%.0f", benchutil.Median(su.mbps)), x, fmt.Sprintf("%.0f", rss),
 			fmt.Sprintf("%.2f", rss/float64((su.budgetB>>20)+64)), fmt.Sprintf("%.2f", benchutil.Median(su.amp))})
 	}
 	u.Run()
