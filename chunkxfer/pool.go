@@ -174,7 +174,9 @@ func (p *Pool) Limit() int64 { return p.limit }
 // Stats are the pool's running counts.
 func (p *Pool) Stats() *PoolStats { return &p.stats }
 
-// Close ends the fetches in flight and waits for them.
+// Close ends the fetches in flight, waits for them, and gives back to
+// the kernel the memory of every buffer no one holds (a chunk a read
+// still holds stays until the process ends).
 func (p *Pool) Close() {
 	p.mu.Lock()
 	if p.timer != nil {
@@ -183,6 +185,26 @@ func (p *Pool) Close() {
 	p.mu.Unlock()
 	p.stop()
 	p.wg.Wait()
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	for p.dropFree() {
+	}
+	for id, c := range p.chunks {
+		if c.refs == 0 && c.state == chunkReady {
+			if c.elem != nil {
+				if c.read {
+					p.cached.Remove(c.elem)
+				} else {
+					p.ahead.Remove(c.elem)
+				}
+				c.elem = nil
+			}
+			delete(p.chunks, id)
+			unmapBuf(c.buf)
+			c.buf = nil
+			p.used -= c.n
+		}
+	}
 }
 
 // Usage counts the pool's bytes by kind.
@@ -475,7 +497,12 @@ func (p *Pool) borrow(n int64) ([]byte, bool) {
 	}
 	buf, ok := p.take(n, true)
 	if ok && buf == nil {
-		buf = make([]byte, n)
+		var err error
+		if buf, err = mapBuf(n); err != nil {
+			p.log.Warn("no chunk memory for a first read's blocks", "err", err)
+			p.used -= n
+			return nil, false
+		}
 	}
 	return buf, ok
 }
@@ -579,7 +606,16 @@ func (p *Pool) fetchInto(c *chunk, buf []byte, f fetcher) {
 	}
 	p.mu.Unlock()
 	if buf == nil {
-		buf = make([]byte, c.n)
+		var err error
+		if buf, err = mapBuf(c.n); err != nil {
+			p.stats.FetchErrors.Add(1)
+			p.mu.Lock()
+			p.used -= c.n
+			p.wake()
+			p.mu.Unlock()
+			p.finish(c, nil, err)
+			return
+		}
 	}
 	p.stats.Misses.Add(1)
 	err := f(p.ctx, c.id, buf)
@@ -816,11 +852,11 @@ func (p *Pool) popFree(n int64) []byte {
 	return b
 }
 
-// dropFree lets one free buffer go to the garbage collector, making room
-// for a buffer of another length.
+// dropFree gives one free buffer back to the kernel, making room for a
+// buffer of another length.
 func (p *Pool) dropFree() bool {
 	for n := range p.free {
-		p.popFree(n)
+		unmapBuf(p.popFree(n))
 		p.used -= n
 		return true
 	}
