@@ -174,9 +174,7 @@ func (p *Pool) Limit() int64 { return p.limit }
 // Stats are the pool's running counts.
 func (p *Pool) Stats() *PoolStats { return &p.stats }
 
-// Close ends the fetches in flight, waits for them, and gives back to
-// the kernel the memory of every buffer no one holds (a chunk a read
-// still holds stays until the process ends).
+// Close ends the fetches in flight and waits for them.
 func (p *Pool) Close() {
 	p.mu.Lock()
 	if p.timer != nil {
@@ -185,26 +183,6 @@ func (p *Pool) Close() {
 	p.mu.Unlock()
 	p.stop()
 	p.wg.Wait()
-	p.mu.Lock()
-	defer p.mu.Unlock()
-	for p.dropFree() {
-	}
-	for id, c := range p.chunks {
-		if c.refs == 0 && c.state == chunkReady {
-			if c.elem != nil {
-				if c.read {
-					p.cached.Remove(c.elem)
-				} else {
-					p.ahead.Remove(c.elem)
-				}
-				c.elem = nil
-			}
-			delete(p.chunks, id)
-			unmapBuf(c.buf)
-			c.buf = nil
-			p.used -= c.n
-		}
-	}
 }
 
 // Usage counts the pool's bytes by kind.
@@ -497,12 +475,7 @@ func (p *Pool) borrow(n int64) ([]byte, bool) {
 	}
 	buf, ok := p.take(n, true)
 	if ok && buf == nil {
-		var err error
-		if buf, err = mapBuf(n); err != nil {
-			p.log.Warn("no chunk memory for a first read's blocks", "err", err)
-			p.used -= n
-			return nil, false
-		}
+		buf = make([]byte, n)
 	}
 	return buf, ok
 }
@@ -606,16 +579,7 @@ func (p *Pool) fetchInto(c *chunk, buf []byte, f fetcher) {
 	}
 	p.mu.Unlock()
 	if buf == nil {
-		var err error
-		if buf, err = mapBuf(c.n); err != nil {
-			p.stats.FetchErrors.Add(1)
-			p.mu.Lock()
-			p.used -= c.n
-			p.wake()
-			p.mu.Unlock()
-			p.finish(c, nil, err)
-			return
-		}
+		buf = make([]byte, c.n)
 	}
 	p.stats.Misses.Add(1)
 	err := f(p.ctx, c.id, buf)
@@ -852,11 +816,11 @@ func (p *Pool) popFree(n int64) []byte {
 	return b
 }
 
-// dropFree gives one free buffer back to the kernel, making room for a
-// buffer of another length.
+// dropFree lets one free buffer go to the garbage collector, making room
+// for a buffer of another length.
 func (p *Pool) dropFree() bool {
 	for n := range p.free {
-		unmapBuf(p.popFree(n))
+		p.popFree(n)
 		p.used -= n
 		return true
 	}

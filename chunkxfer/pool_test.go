@@ -8,8 +8,6 @@ import (
 	"io"
 	"math/rand/v2"
 	"path/filepath"
-	"runtime"
-	"runtime/metrics"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -464,41 +462,5 @@ func TestPoolLetsFreeBuffersGoBeforeChunks(t *testing.T) {
 	}
 	if u := pool.Usage(); u.Used() > pool.Limit() {
 		t.Fatalf("over the budget: %+v", u)
-	}
-}
-
-// TestChunkMemoryIsNotGoHeap: a full pool adds next to nothing to the
-// Go heap, so the garbage collector neither counts its chunks nor paces
-// its collections by them; and a closed pool gives its memory back.
-func TestChunkMemoryIsNotGoHeap(t *testing.T) {
-	const cs, objects = 1 << 20, 24
-	m := store.NewMem(nil)
-	keys, wants := blockObjects(t, m, "heap/", objects, cs, cs, cs/4, 900)
-	live := func() uint64 {
-		runtime.GC()
-		runtime.GC() // and what sync.Pools kept through the first
-		s := []metrics.Sample{{Name: "/gc/heap/live:bytes"}}
-		metrics.Read(s)
-		return s[0].Value.Uint64()
-	}
-	pool, _ := NewPool(objects*cs, nil)
-	for i, rd := range openReaders(t, m, keys, pool, ReaderOptions{}) {
-		readRange(t, rd, cs/2, 1024, wants[keys[i]]) // at random: no claim
-	}
-	waitIdle(t, pool)
-	u := pool.Usage()
-	held := u.Cache + u.ReadAhead + u.Free
-	if held < objects*cs/2 {
-		t.Fatalf("the pool holds %d bytes, want at least half of %d: %+v", held, objects*cs, u)
-	}
-	full := live()
-	pool.Close()
-	if u := pool.Usage(); u.Cache != 0 || u.ReadAhead != 0 || u.Free != 0 {
-		t.Fatalf("a closed pool kept %+v", u)
-	}
-	// Closing let every chunk go: on the Go heap that would be held
-	// bytes less.
-	if d := int64(full) - int64(live()); d > held/4 {
-		t.Fatalf("%d bytes of Go heap went with the pool's %d bytes of chunks", d, held)
 	}
 }

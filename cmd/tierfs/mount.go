@@ -415,9 +415,8 @@ const gcHeadroom = 32 << 20
 
 // chunkPool makes the chunk memory of --cache-bytes, refusing a budget
 // no read could be served from, and sets the Go runtime's memory limit
-// from it (unless GOMEMLIMIT says otherwise). The chunks are mapped
-// outside the Go heap (chunkxfer/mem.go), so the limit is a backstop the
-// heap alone does not reach: the pool bounds its own memory.
+// from it (unless GOMEMLIMIT says otherwise) so that the process's
+// memory follows the budget.
 func chunkPool(budget int64, log *slog.Logger) (*chunkxfer.Pool, error) {
 	if budget < chunkxfer.DefaultChunkSize {
 		return nil, &exitError{code: 2, err: fmt.Errorf("--cache-bytes %s is less than one chunk (%s): a read of an evicted file holds a whole chunk, checked, before it returns a byte; use at least 8MiB (the default is 256MiB)",
