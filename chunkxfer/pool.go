@@ -26,7 +26,9 @@ import (
 //   - cache: a verified chunk read before and kept for re-reads;
 //   - free: a buffer of an evicted chunk, kept to be filled again.
 //
-// The sum never exceeds the limit. A read that finds no room evicts
+// The sum never exceeds the room: the limit, less what the rest of the
+// process takes of the same budget when its owner says so (SetRoom). A
+// read that finds no room evicts
 // cache, then read-ahead chunks, then waits in line (first come, first
 // served) for a chunk in use to be released. Read-ahead never waits: it
 // takes only room that is free or cached, never more than half the
@@ -44,6 +46,8 @@ type Pool struct {
 	stats PoolStats
 
 	mu        sync.Mutex
+	minRoom   int64              // the least room SetRoom leaves: MinRoom(limit)
+	room      int64              // what used may reach now: limit, or less (SetRoom); GUARDED_BY(mu)
 	used      int64              // bytes of every buffer below; GUARDED_BY(mu)
 	chunks    map[chunkID]*chunk // fetching or ready (a failed chunk leaves at once); GUARDED_BY(mu)
 	cached    list.List          // of *chunk: no holder, read before; front is newest; GUARDED_BY(mu)
@@ -78,7 +82,7 @@ type PoolStats struct {
 
 // Usage is how the pool's bytes are used now, by kind.
 type Usage struct {
-	Limit                                            int64
+	Limit, Room                                      int64
 	InFlight, InUse, Windows, ReadAhead, Cache, Free int64
 	Waiting                                          int // reads waiting for memory
 	Chunks                                           int // chunks and pieces in the table
@@ -164,12 +168,54 @@ func NewPool(limit int64, log *slog.Logger) (*Pool, error) {
 		log = slog.New(slog.DiscardHandler)
 	}
 	ctx, stop := context.WithCancel(context.Background())
-	return &Pool{limit: limit, log: log, ctx: ctx, stop: stop, claimIdle: DefaultClaimIdle, now: time.Now,
+	return &Pool{limit: limit, room: limit, minRoom: MinRoom(limit), log: log, ctx: ctx, stop: stop, claimIdle: DefaultClaimIdle, now: time.Now,
 		chunks: map[chunkID]*chunk{}, free: map[int64][][]byte{}}, nil
 }
 
 // Limit is the budget.
 func (p *Pool) Limit() int64 { return p.limit }
+
+// MinRoom is the least room SetRoom leaves the chunks of a pool of limit
+// bytes: a quarter of it, at least two default chunks (all of it when it
+// is smaller), so that reads go on however much the rest of the process
+// takes.
+func MinRoom(limit int64) int64 {
+	return min(limit, max(limit/4, 2*DefaultChunkSize))
+}
+
+// SetRoom sets how many bytes the chunks may use from now on: the budget
+// less what the rest of the process uses of it, as its owner measures
+// that (internal/memgov, after each garbage collection), within
+// MinRoom(limit) and limit. Less room than is used lets free buffers and
+// cached chunks go at once; the chunks that are held go as their
+// holders let them go. More room serves the reads waiting for it.
+func (p *Pool) SetRoom(n int64) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	n = min(p.limit, max(n, p.minRoom))
+	grew := n > p.room
+	p.room = n
+	for p.used > p.room && (p.dropFree() || p.evict(false)) {
+	}
+	if grew {
+		p.wake()
+	}
+}
+
+// Room is what the chunks may use now (see SetRoom).
+func (p *Pool) Room() int64 {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	return p.room
+}
+
+// Used is the bytes the pool's buffers take now: what a garbage
+// collection finds live of it.
+func (p *Pool) Used() int64 {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	return p.used
+}
 
 // Stats are the pool's running counts.
 func (p *Pool) Stats() *PoolStats { return &p.stats }
@@ -190,7 +236,7 @@ func (p *Pool) Usage() Usage {
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	p.trimActive()
-	u := Usage{Limit: p.limit, Free: p.freeBytes, Waiting: p.waiters.Len(), Chunks: len(p.chunks), Readers: p.active.Len()}
+	u := Usage{Limit: p.limit, Room: p.room, Free: p.freeBytes, Waiting: p.waiters.Len(), Chunks: len(p.chunks), Readers: p.active.Len()}
 	for _, c := range p.chunks {
 		switch {
 		case c.state != chunkReady:
@@ -272,7 +318,7 @@ func (p *Pool) prefetch(r *Reader, pos int64) (end int64, ok bool) {
 	if in {
 		return id.start() + n, true
 	}
-	if p.waiters.Len() > 0 || 2*(p.aheadBusy+n) > p.limit {
+	if p.waiters.Len() > 0 || 2*(p.aheadBusy+n) > p.room {
 		p.stats.AheadSkipped.Add(1)
 		return 0, false
 	}
@@ -398,7 +444,7 @@ func (p *Pool) pieceSize(r *Reader) (w int64, fits bool) {
 	if 2*p.reading.Load() >= readers {
 		return w, true // most of them read now: whole chunks
 	}
-	share := p.limit / (4 * readers)
+	share := p.room / (4 * readers)
 	for w > share {
 		half, ok := m.halfPiece(w)
 		if !ok {
@@ -618,20 +664,24 @@ func (p *Pool) finish(c *chunk, buf []byte, err error) {
 	p.wake()
 }
 
-// take finds n bytes: a free buffer of that length, room under the
-// limit (then buf is nil: the caller allocates), room made by letting
-// free buffers of other lengths go, or by evicting chunks no one holds
-// (cache first; read-ahead only for a read). Free buffers go before any
-// chunk: they hold no bytes anyone will read, and pieces, the last
-// piece of each object above all, come in many lengths, so buffers
-// kept for reuse would otherwise push out the chunks readers come back
-// for. GUARDED_BY(mu).
+// take finds n bytes: a free buffer of that length, room (then buf is
+// nil: the caller allocates), room made by letting free buffers of
+// other lengths go, or by evicting chunks no one holds (cache first;
+// read-ahead only for a read). Free buffers go before any chunk: they
+// hold no bytes anyone will read, and pieces, the last piece of each
+// object above all, come in many lengths, so buffers kept for reuse
+// would otherwise push out the chunks readers come back for. While the
+// pool uses more than its room (SetRoom took some), a free buffer is let
+// go rather than filled again. A pool that holds nothing allocates
+// whatever its room, so a read always goes on. GUARDED_BY(mu).
 func (p *Pool) take(n int64, read bool) (buf []byte, ok bool) {
 	for {
-		if b := p.popFree(n); b != nil {
-			return b, true
+		if p.used <= p.room {
+			if b := p.popFree(n); b != nil {
+				return b, true
+			}
 		}
-		if p.used+n <= p.limit {
+		if p.used+n <= p.room || p.used == 0 {
 			p.used += n
 			return nil, true
 		}

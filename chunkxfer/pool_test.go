@@ -464,3 +464,113 @@ func TestPoolLetsFreeBuffersGoBeforeChunks(t *testing.T) {
 		t.Fatalf("over the budget: %+v", u)
 	}
 }
+
+// TestPoolKeepsToItsRoom: room taken from the pool (SetRoom) lets its
+// cache and free buffers go at once, its held chunks as they are let go,
+// and bounds what it fetches from then on; room given back is used, and
+// a pool that holds nothing still serves a read larger than its room.
+func TestPoolKeepsToItsRoom(t *testing.T) {
+	const cs = 16 << 10
+	s := store.NewMem(nil)
+	keys, want := poolObjects(t, s, 2, 8, cs)
+	pool, _ := NewPool(8*cs, nil)
+	defer pool.Close()
+	pool.minRoom = cs / 2
+	read := func(key string) {
+		t.Helper()
+		r, err := NewReader(context.Background(), s, key, pool, ReaderOptions{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer r.Close()
+		got, err := io.ReadAll(io.NewSectionReader(r, 0, r.Size()))
+		if err != nil || !bytes.Equal(got, want[key]) {
+			t.Fatalf("%s: %d bytes, %v", key, len(got), err)
+		}
+	}
+	read(keys[0])
+	if u := pool.Usage(); u.Used() != 8*cs-100 {
+		t.Fatalf("after one object read whole: %+v, want all of it cached", u)
+	}
+	pool.SetRoom(3 * cs)
+	if u := pool.Usage(); u.Used() > 3*cs || u.Room != 3*cs {
+		t.Fatalf("with a room of 3 chunks: %+v", u)
+	}
+	// Reads go on within the room.
+	stop := make(chan struct{})
+	var over atomic.Value
+	go func() {
+		for {
+			select {
+			case <-stop:
+				return
+			default:
+			}
+			if u := pool.Usage(); u.Used() > 3*cs {
+				over.Store(fmt.Sprintf("%+v", u))
+			}
+			time.Sleep(50 * time.Microsecond)
+		}
+	}()
+	readAtOnce(t, s, pool, 6, func(r int) string { return keys[r%2] }, ReaderOptions{ReadAhead: 2}, 0, want)
+	close(stop)
+	if v := over.Load(); v != nil {
+		t.Fatalf("over the room: %s", v)
+	}
+	// Less room than the least one: the least one.
+	pool.SetRoom(-1)
+	if u := pool.Usage(); u.Room != cs/2 || u.Used() > cs/2 {
+		t.Fatalf("with no room: %+v, want the least room, %d", u, cs/2)
+	}
+	read(keys[1]) // a chunk more than the room: the pool holds nothing else
+	pool.SetRoom(1 << 40)
+	if u := pool.Usage(); u.Room != 8*cs {
+		t.Fatalf("room given back: %+v, want the limit", u)
+	}
+	read(keys[0])
+	read(keys[1])
+	if u := pool.Usage(); u.Used() < 7*cs {
+		t.Fatalf("room given back is not used: %+v", u)
+	}
+}
+
+// TestPoolServesWaitingReadsWhenRoomGrows: a read that waits because a
+// held chunk fills the room goes on as soon as room is given back.
+func TestPoolServesWaitingReadsWhenRoomGrows(t *testing.T) {
+	const cs = 16 << 10
+	s := store.NewMem(nil)
+	keys, want := poolObjects(t, s, 2, 2, cs)
+	pool, _ := NewPool(4*cs, nil)
+	defer pool.Close()
+	pool.minRoom = cs
+	pool.SetRoom(cs)
+	a, _ := NewReader(context.Background(), s, keys[0], pool, ReaderOptions{})
+	defer a.Close()
+	got := make([]byte, 10)
+	h, _, err := pool.read(context.Background(), a, 0, readRandom)
+	if err != nil {
+		t.Fatal(err)
+	}
+	done := make(chan error, 1)
+	go func() {
+		b, _ := NewReader(context.Background(), s, keys[1], pool, ReaderOptions{})
+		defer b.Close()
+		_, err := b.ReadAt(got, 5)
+		done <- err
+	}()
+	select {
+	case err := <-done:
+		t.Fatalf("read served beyond the room: %v, %+v", err, pool.Usage())
+	case <-time.After(50 * time.Millisecond):
+	}
+	pool.SetRoom(2 * cs)
+	select {
+	case err := <-done:
+		if err != nil || !bytes.Equal(got, want[keys[1]][5:15]) {
+			t.Fatalf("the waiting read: %v", err)
+		}
+	case <-time.After(5 * time.Second):
+		t.Fatalf("the waiting read still waits with room for it: %+v", pool.Usage())
+	}
+	h.Release()
+}

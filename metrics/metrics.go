@@ -81,6 +81,8 @@ func Registry(t Tiering, pool *chunkxfer.Pool, log *slog.Logger) *prometheus.Reg
 			func() float64 { return float64(s.WaitNanos.Load()) / 1e9 }))
 		reg.MustRegister(prometheus.NewGaugeFunc(prometheus.GaugeOpts{Name: "tierfs_chunk_memory_limit_bytes", Help: "The chunk memory budget (--cache-bytes)."},
 			func() float64 { return float64(pool.Limit()) }))
+		reg.MustRegister(prometheus.NewGaugeFunc(prometheus.GaugeOpts{Name: "tierfs_chunk_memory_room_bytes", Help: "What of the chunk memory budget the chunks may use now: the budget less what the rest of the mount kept at the last garbage collection (at least a quarter of it)."},
+			func() float64 { return float64(pool.Room()) }))
 		reg.MustRegister(&chunkMemory{pool: pool})
 	}
 	return reg

@@ -89,6 +89,7 @@ func TestMetricsOfATierer(t *testing.T) {
 		`tierfs_remote_fetch_errors_total 0`,
 		`tierfs_partitions_scrape_error 0`,
 		`tierfs_chunk_memory_limit_bytes 6.7108864e+07`,
+		`tierfs_chunk_memory_room_bytes 6.7108864e+07`,
 		`tierfs_chunk_memory_bytes{kind="in_use"} 0`,
 		`tierfs_chunk_memory_waits_total 0`,
 		`tierfs_remote_piece_fetch_requests_total 0`,

@@ -20,6 +20,7 @@ import (
 	"github.com/tierfs/tierfs/control"
 	"github.com/tierfs/tierfs/fs"
 	"github.com/tierfs/tierfs/internal/gctune"
+	"github.com/tierfs/tierfs/internal/memgov"
 	"github.com/tierfs/tierfs/internal/units"
 	"github.com/tierfs/tierfs/kafkalead"
 	"github.com/tierfs/tierfs/metrics"
@@ -173,6 +174,12 @@ func runMount(c *cli.Context) error {
 			return err
 		}
 		defer cache.Close()
+		if os.Getenv("GOMEMLIMIT") == "" {
+			// The chunks get what the rest of the mount leaves of
+			// the budget, so that what is live stays within it and
+			// the collector has goMemoryOverhead to work in.
+			defer memgov.Start(sizes["cache-bytes"], cache, log).Stop()
+		}
 		if os.Getenv("GOGC") == "" {
 			// The tierer's catalogue is long-lived heap: collected
 			// after gcHeadroom of allocation, not after it doubled.
@@ -400,8 +407,10 @@ func sizeFlags(c *cli.Context, names ...string) (map[string]int64, error) {
 	return out, nil
 }
 
-// goMemoryOverhead is what the mount needs beside its chunk memory: the
-// Go runtime's memory limit is the budget plus this.
+// goMemoryOverhead is the collector's margin: the Go runtime's memory
+// limit is the budget plus this. What is live stays within the budget
+// (internal/memgov gives the chunks what the rest of the mount leaves of
+// it), so the heap grows by this much between collections under load.
 const goMemoryOverhead = 32 << 20
 
 // gcHeadroom is what the heap of a mount with a remote may grow by

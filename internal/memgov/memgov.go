@@ -1,0 +1,146 @@
+// Package memgov keeps a process's memory to one budget shared by a pool
+// of buffers and everything else: after every garbage collection it
+// measures what the rest of the process keeps (live heap beside the
+// pool, goroutine stacks, the runtime's own metadata) and gives the pool
+// the remainder of the budget as its room.
+//
+// The runtime's memory limit is the budget plus a margin (the caller
+// sets it). Without a governor the pool could fill the whole budget, and
+// with the rest of the process above the margin the live heap reached
+// the limit: the collector then ran back to back (a consumer catching
+// up on 1,000 partitions spent three quarters of the mount's CPU in it,
+// docs/BENCHMARKS.md). With one, what is live stays within the budget
+// and the margin is what the heap grows by between collections.
+//
+// Like internal/gctune it runs from a finalizer the collector calls, so
+// an idle process pays nothing for it.
+package memgov
+
+import (
+	"log/slog"
+	"runtime"
+	"runtime/metrics"
+	"sync"
+)
+
+// Pool is the memory a Governor makes room for.
+type Pool interface {
+	// Used is the bytes the pool holds now (live in the heap).
+	Used() int64
+	// SetRoom sets how many bytes the pool may hold until the next call.
+	SetRoom(n int64)
+}
+
+// Governor sets a Pool's room after each collection.
+type Governor struct {
+	budget int64
+	pool   Pool
+	log    *slog.Logger
+
+	mu      sync.Mutex
+	stopped bool  // GUARDED_BY(mu)
+	room    int64 // the room set last; GUARDED_BY(mu)
+	rest    int64 // what the rest of the process kept at the last collection; GUARDED_BY(mu)
+}
+
+// Memory is what the runtime reports after a collection, in bytes (the
+// names are runtime/metrics').
+type Memory struct {
+	Live     uint64 // /gc/heap/live:bytes: heap objects the collection marked
+	Total    uint64 // /memory/classes/total:bytes: all the runtime maps
+	Released uint64 // /memory/classes/heap/released:bytes: returned to the OS
+	Free     uint64 // /memory/classes/heap/free:bytes: free heap, not returned
+	Objects  uint64 // /memory/classes/heap/objects:bytes: heap objects, live or not yet swept
+	Unused   uint64 // /memory/classes/heap/unused:bytes: heap spans' room for objects
+}
+
+// ReadMemory reads Memory from the runtime.
+func ReadMemory() Memory {
+	samples := []metrics.Sample{
+		{Name: "/gc/heap/live:bytes"},
+		{Name: "/memory/classes/total:bytes"},
+		{Name: "/memory/classes/heap/released:bytes"},
+		{Name: "/memory/classes/heap/free:bytes"},
+		{Name: "/memory/classes/heap/objects:bytes"},
+		{Name: "/memory/classes/heap/unused:bytes"},
+	}
+	metrics.Read(samples)
+	v := make([]uint64, len(samples))
+	for i, s := range samples {
+		if s.Value.Kind() == metrics.KindUint64 {
+			v[i] = s.Value.Uint64()
+		}
+	}
+	return Memory{Live: v[0], Total: v[1], Released: v[2], Free: v[3], Objects: v[4], Unused: v[5]}
+}
+
+// Rest is what a process keeps beside a pool holding poolUsed bytes: the
+// live heap and the memory outside the heap the runtime counts against
+// its limit (goroutine stacks, metadata, profiling buckets), less the
+// pool. Free heap, room in spans and garbage not yet swept are not kept:
+// they are what the heap grows into between collections.
+func Rest(m Memory, poolUsed int64) int64 {
+	outside := int64(m.Total) - int64(m.Released) - int64(m.Free) - int64(m.Objects) - int64(m.Unused)
+	return max(0, int64(m.Live)+max(0, outside)-poolUsed)
+}
+
+// Start governs pool's room within budget bytes until Stop, measuring
+// once now and then after every collection.
+func Start(budget int64, pool Pool, log *slog.Logger) *Governor {
+	if log == nil {
+		log = slog.New(slog.DiscardHandler)
+	}
+	g := &Governor{budget: budget, pool: pool, log: log, room: budget}
+	g.measure()
+	g.arm()
+	return g
+}
+
+// Stop ends the governing and gives the pool the whole budget back.
+func (g *Governor) Stop() {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	if !g.stopped {
+		g.stopped = true
+		g.pool.SetRoom(g.budget)
+	}
+}
+
+// Room is the room set last, and what the rest of the process kept then.
+func (g *Governor) Room() (room, rest int64) {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	return g.room, g.rest
+}
+
+// sentinel is the object whose finalizer runs once per collection.
+type sentinel struct{ g *Governor }
+
+// arm leaves a sentinel for the next collection to find unreachable.
+func (g *Governor) arm() {
+	s := &sentinel{g: g}
+	runtime.SetFinalizer(s, func(s *sentinel) {
+		if s.g.measure() {
+			s.g.arm()
+		}
+	})
+}
+
+// measure sets the pool's room from the memory now; false once stopped.
+func (g *Governor) measure() bool {
+	m := ReadMemory()
+	rest := Rest(m, g.pool.Used())
+	room := g.budget - rest
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	if g.stopped {
+		return false
+	}
+	// Log only a change of a sixteenth of the budget or more.
+	if d := room - g.room; d >= g.budget/16 || -d >= g.budget/16 {
+		g.log.Debug("chunk memory room set", "room", room, "rest_of_process", rest, "budget", g.budget)
+	}
+	g.room, g.rest = room, rest
+	g.pool.SetRoom(room)
+	return true
+}
