@@ -238,7 +238,16 @@ var ErrChecksum = errors.New("checksum mismatch")
 // Verify reads the whole object back and checks every chunk against the
 // manifest: the check before local bytes may be freed.
 func Verify(ctx context.Context, s store.Store, m *Manifest) error {
-	buf := make([]byte, min(m.ChunkSize, m.Size)) // a small object needs no whole chunk
+	return verify(ctx, s, m, make([]byte, verifyLen(m)))
+}
+
+// verifyLen is the buffer Verify needs: a small object needs no whole
+// chunk.
+func verifyLen(m *Manifest) int64 { return min(m.ChunkSize, m.Size) }
+
+// verify is Verify with a buffer of at least verifyLen(m) bytes, every
+// byte of which it fills before it reads it.
+func verify(ctx context.Context, s store.Store, m *Manifest, buf []byte) error {
 	for i := range m.Chunks() {
 		off, n := m.ChunkRange(i)
 		if err := fetchChunk(ctx, s, m, i, buf[:n]); err != nil {

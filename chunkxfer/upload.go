@@ -155,6 +155,14 @@ func (u *Uploader) partBuf(size int64) []byte {
 	return make([]byte, size)
 }
 
+// Verify is the package's Verify with a buffer of u's: the tierer
+// verifies every segment it ships, hundreds a second when they are small.
+func (u *Uploader) Verify(ctx context.Context, s store.Store, m *Manifest) error {
+	buf := u.partBuf(verifyLen(m))
+	defer u.putPartBuf(buf)
+	return verify(ctx, s, m, buf)
+}
+
 // putPartBuf keeps b for the next upload, unless Parallel are kept.
 // They are dropped once no upload took one for partBufIdle: memory
 // outside the chunk budget is held only while uploads follow each other.
@@ -719,7 +727,7 @@ func (u *Uploader) finishCompleted(ctx context.Context, path, key string, src So
 	}
 	m := u.manifest(key, info.ETag, size, cs, crcs, src, from)
 	m.setBlocks(u.blockSize(), partBlocks(recs, n, u.blockSize()))
-	if err := Verify(ctx, u.Store, m); err != nil {
+	if err := u.Verify(ctx, u.Store, m); err != nil {
 		u.log().Warn("completed upload does not verify; uploading again", "key", key, "err", err)
 		return nil, nil
 	}

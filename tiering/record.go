@@ -1,6 +1,7 @@
 package tiering
 
 import (
+	"bytes"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -47,17 +48,20 @@ type Record struct {
 // readRecord reads the record of the file at path; ok is false for a
 // local file.
 func readRecord(path string) (Record, bool, error) {
-	buf := make([]byte, 4096)
-	n, err := unix.Getxattr(path, recordXattr, buf)
-	return decodeRecord(path, buf, n, err)
+	var buf [recordMax]byte // on the stack: the tierer reads records by the hundred thousand
+	n, err := unix.Getxattr(path, recordXattr, buf[:])
+	return decodeRecord(path, buf[:], n, err)
 }
 
 // readRecordFd reads the record of an open file; name is for errors.
 func readRecordFd(fd int, name string) (Record, bool, error) {
-	buf := make([]byte, 4096)
-	n, err := unix.Fgetxattr(fd, recordXattr, buf)
-	return decodeRecord(name, buf, n, err)
+	var buf [recordMax]byte
+	n, err := unix.Fgetxattr(fd, recordXattr, buf[:])
+	return decodeRecord(name, buf[:], n, err)
 }
+
+// recordMax is the largest record read.
+const recordMax = 4096
 
 func decodeRecord(path string, buf []byte, n int, err error) (Record, bool, error) {
 	if errors.Is(err, unix.ENODATA) {
@@ -67,7 +71,9 @@ func decodeRecord(path string, buf []byte, n int, err error) (Record, bool, erro
 		return Record{}, false, fmt.Errorf("read state of %s: %w", path, err)
 	}
 	var r Record
-	if err := json.Unmarshal(buf[:n], &r); err != nil {
+	// The decoder keeps what it is given: a copy of the bytes read, not
+	// the caller's buffer.
+	if err := json.Unmarshal(bytes.Clone(buf[:n]), &r); err != nil {
 		return Record{}, false, fmt.Errorf("state of %s: %w", path, err)
 	}
 	return r, true, nil

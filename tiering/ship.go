@@ -593,7 +593,7 @@ func (sp *shipper) upload(ctx context.Context, c *shipCommit, progress chunkxfer
 			if c.m, err = upload(ctx, seg.LogPath(), key, from, progress); err != nil {
 				return err
 			}
-			if err := chunkxfer.Verify(ctx, sp.t.cfg.Store, c.m); err != nil {
+			if err := sp.t.up.Verify(ctx, sp.t.cfg.Store, c.m); err != nil {
 				return fmt.Errorf("remote copy does not verify: %w", err)
 			}
 			return nil
