@@ -188,8 +188,9 @@ func MinRoom(limit int64) int64 {
 // that (internal/memgov, after each garbage collection), within
 // MinRoom(limit) and limit. Less room than is used lets free buffers and
 // cached chunks go at once; the chunks that are held go as their
-// holders let them go. More room serves the reads waiting for it.
-func (p *Pool) SetRoom(n int64) {
+// holders let them go. More room serves the reads waiting for it. It
+// returns the room set.
+func (p *Pool) SetRoom(n int64) int64 {
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	n = min(p.limit, max(n, p.minRoom))
@@ -200,6 +201,7 @@ func (p *Pool) SetRoom(n int64) {
 	if grew {
 		p.wake()
 	}
+	return n
 }
 
 // Room is what the chunks may use now (see SetRoom).

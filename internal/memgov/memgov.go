@@ -27,8 +27,10 @@ import (
 type Pool interface {
 	// Used is the bytes the pool holds now (live in the heap).
 	Used() int64
-	// SetRoom sets how many bytes the pool may hold until the next call.
-	SetRoom(n int64)
+	// SetRoom sets how many bytes the pool may hold until the next
+	// call, and returns the room it took: more than n when it keeps a
+	// least room of its own.
+	SetRoom(n int64) int64
 }
 
 // Governor sets a Pool's room after each collection.
@@ -41,6 +43,7 @@ type Governor struct {
 	stopped bool  // GUARDED_BY(mu)
 	room    int64 // the room set last; GUARDED_BY(mu)
 	rest    int64 // what the rest of the process kept at the last collection; GUARDED_BY(mu)
+	over    bool  // the pool took more room than the rest left it; GUARDED_BY(mu)
 }
 
 // Memory is what the runtime reports after a collection, in bytes (the
@@ -136,11 +139,20 @@ func (g *Governor) measure() bool {
 	if g.stopped {
 		return false
 	}
+	took := g.pool.SetRoom(room)
 	// Log only a change of a sixteenth of the budget or more.
-	if d := room - g.room; d >= g.budget/16 || -d >= g.budget/16 {
-		g.log.Debug("chunk memory room set", "room", room, "rest_of_process", rest, "budget", g.budget)
+	if d := took - g.room; d >= g.budget/16 || -d >= g.budget/16 {
+		g.log.Debug("chunk memory room set", "room", took, "rest_of_process", rest, "budget", g.budget)
 	}
-	g.room, g.rest = room, rest
-	g.pool.SetRoom(room)
+	switch over := took > room; {
+	case over && !g.over:
+		g.log.Warn("the rest of the process keeps more of the memory budget than the pool can spare: memory is over the budget and the garbage collector runs often; raise the budget",
+			"budget", g.budget, "rest_of_process", rest, "pool_room", took)
+		g.over = true
+	case !over && g.over:
+		g.log.Info("the memory budget holds the pool and the rest of the process again", "budget", g.budget, "rest_of_process", rest, "pool_room", took)
+		g.over = false
+	}
+	g.room, g.rest = took, rest
 	return true
 }
