@@ -17,13 +17,17 @@ import (
 	"slices"
 )
 
-// Median is the middle value (the upper one of an even count); 0 for none.
+// Median is the middle value (the mean of the two middle ones of an even
+// count: of two runs, not the better one); 0 for none.
 func Median(xs []float64) float64 {
 	if len(xs) == 0 {
 		return 0
 	}
 	s := slices.Clone(xs)
 	slices.Sort(s)
+	if len(s)%2 == 0 {
+		return (s[len(s)/2-1] + s[len(s)/2]) / 2
+	}
 	return s[len(s)/2]
 }
 
