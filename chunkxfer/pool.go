@@ -672,16 +672,16 @@ func (p *Pool) finish(c *chunk, buf []byte, err error) {
 // read-ahead only for a read). Free buffers go before any chunk: they
 // hold no bytes anyone will read, and pieces, the last piece of each
 // object above all, come in many lengths, so buffers kept for reuse
-// would otherwise push out the chunks readers come back for. While the
-// pool uses more than its room (SetRoom took some), a free buffer is let
-// go rather than filled again. A pool that holds nothing allocates
-// whatever its room, so a read always goes on. GUARDED_BY(mu).
+// would otherwise push out the chunks readers come back for. A free
+// buffer of length n is filled again even while the pool uses more than
+// its room (SetRoom, which brings it down, let go of what it could): the
+// pool does not grow by it, and a buffer let go and another allocated
+// would be garbage for the collector. A pool that holds nothing
+// allocates whatever its room, so a read always goes on. GUARDED_BY(mu).
 func (p *Pool) take(n int64, read bool) (buf []byte, ok bool) {
 	for {
-		if p.used <= p.room {
-			if b := p.popFree(n); b != nil {
-				return b, true
-			}
+		if b := p.popFree(n); b != nil {
+			return b, true
 		}
 		if p.used+n <= p.room || p.used == 0 {
 			p.used += n

@@ -23,6 +23,10 @@ import (
 	"sync"
 )
 
+// hysteresis: the room changes only by a 1/hysteresis of the budget or
+// more (8 MiB of 256 MiB, a quarter of the collector's margin).
+const hysteresis = 32
+
 // Pool is the memory a Governor makes room for.
 type Pool interface {
 	// Used is the bytes the pool holds now (live in the heap).
@@ -44,6 +48,7 @@ type Governor struct {
 	room    int64 // the room set last; GUARDED_BY(mu)
 	rest    int64 // what the rest of the process kept at the last collection; GUARDED_BY(mu)
 	over    bool  // the pool took more room than the rest left it; GUARDED_BY(mu)
+	passes  int   // measures made; GUARDED_BY(mu)
 }
 
 // Memory is what the runtime reports after a collection, in bytes (the
@@ -139,11 +144,17 @@ func (g *Governor) measure() bool {
 	if g.stopped {
 		return false
 	}
-	took := g.pool.SetRoom(room)
-	// Log only a change of a sixteenth of the budget or more.
-	if d := took - g.room; d >= g.budget/16 || -d >= g.budget/16 {
-		g.log.Debug("chunk memory room set", "room", took, "rest_of_process", rest, "budget", g.budget)
+	g.passes++
+	if d := room - g.room; d < g.budget/hysteresis && -d < g.budget/hysteresis {
+		// A small change is left for a larger one: a pool that lets
+		// buffers go at one collection and allocates them again at the
+		// next makes garbage for the collector (a catch-up on 1,000
+		// partitions allocated a quarter of its bytes fetched so).
+		g.rest = rest
+		return true
 	}
+	took := g.pool.SetRoom(room)
+	g.log.Debug("chunk memory room set", "room", took, "rest_of_process", rest, "budget", g.budget)
 	switch over := took > room; {
 	case over && !g.over:
 		g.log.Warn("the rest of the process keeps more of the memory budget than the pool can spare: memory is over the budget and the garbage collector runs often; raise the budget",

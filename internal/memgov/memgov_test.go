@@ -52,14 +52,22 @@ func (p *fakePool) state() (room int64, sets int) {
 	return p.room, p.sets
 }
 
-// collect runs collections until the governor has measured after one.
-func collect(t *testing.T, p *fakePool) int64 {
+// collect runs collections until g has measured after one, and
+// returns the room it set.
+func collect(t *testing.T, g *Governor) int64 {
 	t.Helper()
-	_, before := p.state()
+	passes := func() int {
+		g.mu.Lock()
+		defer g.mu.Unlock()
+		return g.passes
+	}
+	runtime.GC() // a measure after this one sees what the caller kept
+	before := passes()
 	deadline := time.Now().Add(10 * time.Second)
 	for {
 		runtime.GC()
-		if room, sets := p.state(); sets > before {
+		if passes() > before {
+			room, _ := g.Room()
 			return room
 		}
 		if time.Now().After(deadline) {
@@ -79,7 +87,7 @@ func TestGovernorGivesThePoolWhatTheRestLeaves(t *testing.T) {
 	runtime.GC() // what other tests kept is not live
 	g := Start(budget, p, nil)
 	defer g.Stop()
-	base := collect(t, p)
+	base := collect(t, g)
 	if base > budget || base < budget-64*mib {
 		t.Fatalf("room of an idle test process: %d MiB of %d", base/mib, budget/mib)
 	}
@@ -89,7 +97,7 @@ func TestGovernorGivesThePoolWhatTheRestLeaves(t *testing.T) {
 	for i := range kept {
 		kept[i] = make([]byte, mib)
 	}
-	room := collect(t, p)
+	room := collect(t, g)
 	if d := base - room; d < 48*mib || d > 80*mib {
 		t.Fatalf("with 64 MiB more kept, the room went from %d to %d MiB", base/mib, room/mib)
 	}
@@ -103,7 +111,7 @@ func TestGovernorGivesThePoolWhatTheRestLeaves(t *testing.T) {
 		p.bufs = append(p.bufs, make([]byte, mib))
 	}
 	p.mu.Unlock()
-	room = collect(t, p)
+	room = collect(t, g)
 	if d := room - base; d < -8*mib || d > 8*mib {
 		t.Fatalf("the pool's own memory took room: %d MiB, was %d", room/mib, base/mib)
 	}
@@ -163,7 +171,7 @@ func TestGovernorWarnsOnceWhenThePoolCannotYield(t *testing.T) {
 	runtime.GC()
 	g := Start(64*mib, p, slog.New(h))
 	defer g.Stop()
-	collect(t, &p.fakePool)
+	collect(t, g)
 	if n := h.count(slog.LevelWarn); n != 0 {
 		t.Fatalf("%d warnings with room to spare (rest %d MiB)", n, g.rest/mib)
 	}
@@ -171,8 +179,8 @@ func TestGovernorWarnsOnceWhenThePoolCannotYield(t *testing.T) {
 	for i := range kept {
 		kept[i] = make([]byte, mib)
 	}
-	collect(t, &p.fakePool)
-	collect(t, &p.fakePool)
+	collect(t, g)
+	collect(t, g)
 	if n := h.count(slog.LevelWarn); n != 1 {
 		t.Fatalf("%d warnings with 32 MiB more kept, want 1", n)
 	}
@@ -181,9 +189,47 @@ func TestGovernorWarnsOnceWhenThePoolCannotYield(t *testing.T) {
 	}
 	runtime.KeepAlive(kept)
 	kept = nil
-	collect(t, &p.fakePool)
-	collect(t, &p.fakePool)
+	collect(t, g)
+	collect(t, g)
 	if w, i := h.count(slog.LevelWarn), h.count(slog.LevelInfo); w != 1 || i != 1 {
 		t.Fatalf("after the 32 MiB went: %d warnings, %d infos, want 1 and 1", w, i)
 	}
+}
+
+// TestGovernorLeavesSmallChangesAlone: a change of the rest smaller than
+// a 1/hysteresis of the budget leaves the pool's room as it is (a pool
+// that let buffers go and allocated them again at each collection would
+// make garbage); a larger one sets it.
+func TestGovernorLeavesSmallChangesAlone(t *testing.T) {
+	const budget = 1 << 30 // changes of 32 MiB or more
+	const mib = 1 << 20
+	p := &fakePool{}
+	runtime.GC()
+	g := Start(budget, p, nil)
+	defer g.Stop()
+	base := collect(t, g)
+	_, sets := p.state()
+	small := make([][]byte, 8)
+	for i := range small {
+		small[i] = make([]byte, mib)
+	}
+	if room := collect(t, g); room != base {
+		t.Fatalf("8 MiB more kept moved the room from %d to %d MiB", base/mib, room/mib)
+	}
+	if _, n := p.state(); n != sets {
+		t.Fatalf("8 MiB more kept set the room %d times", n-sets)
+	}
+	large := make([][]byte, 64)
+	for i := range large {
+		large[i] = make([]byte, mib)
+	}
+	// The room follows within a 1/hysteresis of the budget (automatic
+	// collections while large was made may have set it part way).
+	room := collect(t, g)
+	_, rest := g.Room()
+	if d := budget - rest - room; room == base || d >= budget/hysteresis || -d >= budget/hysteresis {
+		t.Fatalf("72 MiB more kept: room %d MiB (was %d), the rest %d MiB", room/mib, base/mib, rest/mib)
+	}
+	runtime.KeepAlive(small)
+	runtime.KeepAlive(large)
 }
