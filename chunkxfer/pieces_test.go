@@ -390,3 +390,74 @@ func TestManyReadersFirstReadAndReadAhead(t *testing.T) {
 		t.Fatalf("read ahead with no room for it: %+v", u)
 	}
 }
+
+// TestReadAcrossPiecesFetchesThemAtOnce: a read that spans several
+// pieces (a consumer's megabyte of one partition, in pieces of one block
+// while a thousand partitions share the memory) has every piece it needs
+// fetched at once, not one GET after another, whether it is served by
+// ReadAt or tried as a Slice first (as fs does); and nothing past the
+// read is fetched.
+func TestReadAcrossPiecesFetchesThemAtOnce(t *testing.T) {
+	for _, slice := range []bool{false, true} {
+		t.Run(fmt.Sprintf("slice=%v", slice), func(t *testing.T) {
+			ctx := context.Background()
+			const cs, bs = 64 << 10, 4 << 10
+			m := store.NewMem(nil)
+			keys, wants := blockObjects(t, m, "beside/", 41, 2*cs, cs, bs, 700)
+			pool, _ := NewPool(2*cs, nil)
+			defer pool.Close()
+			// Forty readers that have read in order: reads get
+			// pieces of one block. Their claims let go, what they
+			// read is cache, which a fetch may take.
+			readersInOrder(t, m, keys[1:], wants, pool, ReaderOptions{ReadAhead: 4})
+			waitIdle(t, pool)
+			pool.mu.Lock()
+			for e := pool.claims.Front(); e != nil; e = pool.claims.Front() {
+				pool.dropClaim(e.Value.(*claim))
+			}
+			pool.mu.Unlock()
+			rd, _ := NewReader(ctx, m, keys[0], pool, ReaderOptions{ReadAhead: 4})
+			defer rd.Close()
+			if w, _ := pool.inOrder(rd); w != bs {
+				t.Fatalf("pieces of %d bytes, want one block (%d)", w, bs)
+			}
+			gate := make(chan struct{})
+			m.Inject(store.Fault{Op: store.OpGet, KeyPrefix: keys[0], Gate: gate})
+			gets0, fetched0 := m.Calls(store.OpGet), pool.stats.FetchedBytes.Load()
+			const pieces = 4
+			const off = 8 * bs // not a first read: no blocks of its own
+			buf := make([]byte, pieces*bs)
+			done := make(chan error, 1)
+			go func() {
+				if slice {
+					if _, _, ok, err := rd.Slice(ctx, off, len(buf)); ok || err != nil {
+						done <- fmt.Errorf("a Slice across pieces: ok %v, %v", ok, err)
+						return
+					}
+				}
+				_, err := rd.ReadAt(buf, off)
+				done <- err
+			}()
+			deadline := time.Now().Add(5 * time.Second)
+			for m.Calls(store.OpGet)-gets0 < pieces {
+				if time.Now().After(deadline) {
+					close(gate)
+					<-done
+					t.Fatalf("%d GETs at once for a read of %d pieces, want %d (%+v, skipped %d)", m.Calls(store.OpGet)-gets0, pieces, pieces, pool.Usage(), pool.stats.AheadSkipped.Load())
+				}
+				time.Sleep(time.Millisecond)
+			}
+			close(gate)
+			if err := <-done; err != nil {
+				t.Fatal(err)
+			}
+			if !bytes.Equal(buf, wants[keys[0]][off:off+int64(len(buf))]) {
+				t.Fatal("not the object's bytes")
+			}
+			waitIdle(t, pool)
+			if f := pool.stats.FetchedBytes.Load() - fetched0; f > pieces*bs+4*bs {
+				t.Fatalf("%d bytes fetched for a read of %d: more than the read and its read-ahead", f, pieces*bs)
+			}
+		})
+	}
+}
