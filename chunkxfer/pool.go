@@ -52,7 +52,7 @@ type Pool struct {
 	chunks    map[chunkID]*chunk // fetching or ready (a failed chunk leaves at once); GUARDED_BY(mu)
 	cached    list.List          // of *chunk: no holder, read before; front is newest; GUARDED_BY(mu)
 	ahead     list.List          // of *chunk: no holder, not read yet; GUARDED_BY(mu)
-	free      map[int64][][]byte // buffers by length; GUARDED_BY(mu)
+	free      map[int64][][]byte // buffers by capacity (bufCap); GUARDED_BY(mu)
 	freeBytes int64              // GUARDED_BY(mu)
 	aheadBusy int64              // bytes of read-ahead fetches in flight; GUARDED_BY(mu)
 	waiters   list.List          // of *waiter, first come first served; GUARDED_BY(mu)
@@ -243,13 +243,13 @@ func (p *Pool) Usage() Usage {
 		switch {
 		case c.state != chunkReady:
 		case c.refs > c.claims:
-			u.InUse += c.n
+			u.InUse += int64(cap(c.buf))
 		case c.refs > 0:
-			u.Windows += c.n
+			u.Windows += int64(cap(c.buf))
 		case c.read:
-			u.Cache += c.n
+			u.Cache += int64(cap(c.buf))
 		default:
-			u.ReadAhead += c.n
+			u.ReadAhead += int64(cap(c.buf))
 		}
 	}
 	// The rest is taken by fetches: buffers being filled.
@@ -532,7 +532,7 @@ func (p *Pool) borrow(n int64) ([]byte, bool) {
 	}
 	buf, ok := p.take(n, true)
 	if ok && buf == nil {
-		buf = make([]byte, n)
+		buf = newBuf(n)
 	}
 	return buf, ok
 }
@@ -636,7 +636,7 @@ func (p *Pool) fetchInto(c *chunk, buf []byte, f fetcher) {
 	}
 	p.mu.Unlock()
 	if buf == nil {
-		buf = make([]byte, c.n)
+		buf = newBuf(c.n)
 	}
 	p.stats.Misses.Add(1)
 	err := f(p.ctx, c.id, buf)
@@ -692,8 +692,8 @@ func (p *Pool) take(n int64, read bool) (buf []byte, ok bool) {
 		if b := p.popFree(n); b != nil {
 			return b, true
 		}
-		if p.used+n <= p.room || p.used == 0 {
-			p.used += n
+		if k := bufCap(n); p.used+k <= p.room || p.used == 0 {
+			p.used += k
 			return nil, true
 		}
 		if p.dropFree() {
@@ -850,39 +850,78 @@ func (p *Pool) evict(read bool) bool {
 // when buf is nil. GUARDED_BY(mu).
 func (p *Pool) giveBack(buf []byte, n int64) {
 	if buf == nil {
-		p.used -= n
+		p.used -= bufCap(n)
 		return
 	}
 	p.putFree(buf, n)
 }
 
-func (p *Pool) putFree(b []byte, n int64) {
-	p.free[n] = append(p.free[n], b)
-	p.freeBytes += n
+// bufStep: a buffer of at least this many bytes has a capacity of a
+// multiple of it (a smaller one, a power of two of at least 4 KiB).
+const bufStep = 64 << 10
+
+// bufCap is the capacity of a buffer for n bytes, what the pool counts
+// for it: n rounded up to a multiple of bufStep (to a power of two
+// below). Free buffers are kept by capacity, so a fetch reuses one of
+// a chunk of another length of the same class: the last pieces of
+// objects, and the chunks of objects of nearly the same size, come in as
+// many lengths as there are objects, and with buffers kept by length a
+// catch-up on 1,000 partitions allocated a quarter of its bytes fetched
+// anew (bench/kafkacatchup), garbage for the collector. What a capacity
+// holds beyond n is at most 64 KiB, or half of it below that.
+func bufCap(n int64) int64 {
+	if n >= bufStep {
+		return (n + bufStep - 1) / bufStep * bufStep
+	}
+	c := int64(4 << 10)
+	for c < n {
+		c <<= 1
+	}
+	return c
 }
 
+// newBuf is a buffer of n bytes and bufCap(n) of capacity.
+func newBuf(n int64) []byte { return make([]byte, n, bufCap(n)) }
+
+// putFree keeps b, a buffer of n bytes, for reuse. GUARDED_BY(mu).
+func (p *Pool) putFree(b []byte, n int64) {
+	k := int64(cap(b))
+	p.free[k] = append(p.free[k], b[:0])
+	p.freeBytes += k
+}
+
+// popFree is a free buffer for n bytes, or nil. GUARDED_BY(mu).
 func (p *Pool) popFree(n int64) []byte {
-	bs := p.free[n]
+	b := p.popClass(bufCap(n))
+	if b == nil {
+		return nil
+	}
+	return b[:n]
+}
+
+// popClass is a free buffer of capacity k, or nil. GUARDED_BY(mu).
+func (p *Pool) popClass(k int64) []byte {
+	bs := p.free[k]
 	if len(bs) == 0 {
 		return nil
 	}
 	b := bs[len(bs)-1]
 	bs[len(bs)-1] = nil
 	if len(bs) == 1 {
-		delete(p.free, n)
+		delete(p.free, k)
 	} else {
-		p.free[n] = bs[:len(bs)-1]
+		p.free[k] = bs[:len(bs)-1]
 	}
-	p.freeBytes -= n
+	p.freeBytes -= k
 	return b
 }
 
 // dropFree lets one free buffer go to the garbage collector, making room
-// for a buffer of another length.
+// for a buffer of another capacity. GUARDED_BY(mu).
 func (p *Pool) dropFree() bool {
-	for n := range p.free {
-		p.popFree(n)
-		p.used -= n
+	for k := range p.free {
+		p.popClass(k)
+		p.used -= k
 		return true
 	}
 	return false

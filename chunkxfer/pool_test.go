@@ -437,19 +437,21 @@ func TestPoolLetsFreeBuffersGoBeforeChunks(t *testing.T) {
 	if _, err := a.ReadAt(got, cs/2); err != nil || !bytes.Equal(got, want[keys[0]][cs/2:cs/2+100]) {
 		t.Fatalf("first read: %v", err)
 	}
-	// The rest of the budget in free buffers of three other lengths.
+	// Most of the rest of the budget in free buffers of three other
+	// capacities (bufCap: a chunk of cs-1 bytes would share the chunks').
+	lens := []int64{2*cs - 1, cs / 2, cs / 4}
 	var bufs [][]byte
-	for i := range int64(3) {
-		b, ok := pool.borrow(cs - 1 - i)
+	for _, n := range lens {
+		b, ok := pool.borrow(n)
 		if !ok {
-			t.Fatalf("no room for a buffer of %d: %+v", cs-1-i, pool.Usage())
+			t.Fatalf("no room for a buffer of %d: %+v", n, pool.Usage())
 		}
 		bufs = append(bufs, b)
 	}
 	for i, b := range bufs {
-		pool.repay(b, cs-1-int64(i))
+		pool.repay(b, lens[i])
 	}
-	if u := pool.Usage(); u.Cache != cs || u.Free != 3*cs-6 {
+	if u := pool.Usage(); u.Cache != cs || u.Free != 2*cs+cs/2+cs/4 {
 		t.Fatalf("before the read: %+v", u)
 	}
 	b, _ := NewReader(context.Background(), s, keys[1], pool, ReaderOptions{})
@@ -489,8 +491,8 @@ func TestPoolKeepsToItsRoom(t *testing.T) {
 		}
 	}
 	read(keys[0])
-	if u := pool.Usage(); u.Used() != 8*cs-100 {
-		t.Fatalf("after one object read whole: %+v, want all of it cached", u)
+	if u := pool.Usage(); u.Used() != 8*cs {
+		t.Fatalf("after one object read whole: %+v, want all of it cached (its last chunk's buffer is a whole chunk's, bufCap)", u)
 	}
 	pool.SetRoom(3 * cs)
 	if u := pool.Usage(); u.Used() > 3*cs || u.Room != 3*cs {
@@ -573,4 +575,37 @@ func TestPoolServesWaitingReadsWhenRoomGrows(t *testing.T) {
 		t.Fatalf("the waiting read still waits with room for it: %+v", pool.Usage())
 	}
 	h.Release()
+}
+
+// TestPoolReusesBuffersOfTheirClass: a free buffer serves a fetch of any
+// length of its capacity class (bufCap), not only of its own length; a
+// length of another class gets one of its own.
+func TestPoolReusesBuffersOfTheirClass(t *testing.T) {
+	for n, want := range map[int64]int64{1: 4 << 10, 5000: 8 << 10, 64 << 10: 64 << 10, 64<<10 + 1: 128 << 10, 256 << 10: 256 << 10, 2_050_000: 2_097_152, 2_100_000: 2_162_688} {
+		if got := bufCap(n); got != want {
+			t.Errorf("bufCap(%d) = %d, want %d", n, got, want)
+		}
+	}
+	pool, _ := NewPool(1<<20, nil)
+	defer pool.Close()
+	pool.mu.Lock()
+	defer pool.mu.Unlock()
+	b, ok := pool.take(200_000, true)
+	if !ok || b != nil {
+		t.Fatalf("take from an empty pool: %v, %d bytes (want room to allocate)", ok, len(b))
+	}
+	b = newBuf(200_000)
+	pool.putFree(b, 200_000)
+	if pool.used != bufCap(200_000) || pool.freeBytes != bufCap(200_000) {
+		t.Fatalf("used %d, free %d; want the capacity, %d", pool.used, pool.freeBytes, bufCap(200_000))
+	}
+	got, ok := pool.take(199_000, true)
+	if !ok || len(got) != 199_000 || &got[0] != &b[0] {
+		t.Fatalf("a take of 199,000 bytes did not reuse the free buffer of 200,000 (%v, %d bytes)", ok, len(got))
+	}
+	pool.putFree(got, 199_000)
+	other, ok := pool.take(300_000, true)
+	if !ok || other != nil || pool.used != bufCap(200_000)+bufCap(300_000) {
+		t.Fatalf("a take of another class: %v, %d bytes, used %d", ok, len(other), pool.used)
+	}
 }
