@@ -337,15 +337,6 @@ func (p *Pool) prefetch(r *Reader, pos int64) (end int64, ok bool) {
 	return id.start() + n, true
 }
 
-// pieceEnd is where the chunk or piece of r's object that a read at pos
-// gets ends (see pieceAt).
-func (p *Pool) pieceEnd(r *Reader, pos int64) int64 {
-	p.mu.Lock()
-	defer p.mu.Unlock()
-	id, _ := p.pieceAt(r, pos)
-	return id.start() + r.pieceLen(id)
-}
-
 // covers says whether a chunk or piece of r's object that holds pos is
 // in the table: fetched, or being fetched.
 func (p *Pool) covers(r *Reader, pos int64) bool {

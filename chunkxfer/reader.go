@@ -142,7 +142,6 @@ func (r *Reader) ReadAtContext(ctx context.Context, p []byte, off int64) (int, e
 		}
 		return n, nil
 	}
-	r.fetchBeside(off, min(off+int64(len(p)), r.m.Size))
 	n := 0
 	for n < len(p) && off+int64(n) < r.m.Size {
 		pos := off + int64(n)
@@ -158,22 +157,6 @@ func (r *Reader) ReadAtContext(ctx context.Context, p []byte, off int64) (int, e
 		return n, io.EOF
 	}
 	return n, nil
-}
-
-// fetchBeside starts the fetches of the pieces after the first that a
-// read of [off, end) needs, where memory can be had for them without
-// waiting, so that they are fetched beside the first and not one after
-// another. A consumer catching up on a thousand partitions reads a
-// megabyte of each in turn, the kernel asks for it in one read, and
-// with pieces of one block (256 KiB) that read waited for four GETs in a
-// row (bench/kafkacatchup). Nothing past end is fetched.
-func (r *Reader) fetchBeside(off, end int64) {
-	for pos := r.pool.pieceEnd(r, off); pos < end; {
-		var ok bool
-		if pos, ok = r.pool.prefetch(r, pos); !ok {
-			return // the read fetches the rest itself, in turn
-		}
-	}
 }
 
 // Slice returns up to n bytes at off without copying when they lie in
@@ -196,7 +179,6 @@ func (r *Reader) Slice(ctx context.Context, off int64, n int) (b []byte, release
 	}
 	r.pool.reading.Add(1)
 	defer r.pool.reading.Add(-1)
-	r.fetchBeside(off, end)
 	h, start, err := r.piece(ctx, off, m)
 	if err != nil {
 		return nil, nil, true, err
