@@ -13,10 +13,11 @@ package gctune
 
 import (
 	"log/slog"
-	"runtime"
 	"runtime/debug"
 	"runtime/metrics"
 	"sync"
+
+	"github.com/tierfs/tierfs/internal/aftergc"
 )
 
 // MinPercent is the lowest GC percentage a Tuner sets: below it a large
@@ -34,9 +35,6 @@ type Tuner struct {
 	restore int  // the percentage before Start; GUARDED_BY(mu)
 }
 
-// sentinel is the object whose finalizer runs once per collection.
-type sentinel struct{ t *Tuner }
-
 // Start tunes the collector for a headroom of headroom bytes until Stop.
 func Start(headroom uint64, log *slog.Logger) *Tuner {
 	t := &Tuner{headroom: headroom, log: log}
@@ -44,7 +42,7 @@ func Start(headroom uint64, log *slog.Logger) *Tuner {
 	debug.SetGCPercent(t.restore)
 	t.percent = t.restore
 	t.tune()
-	t.arm()
+	aftergc.Run(t.tune)
 	return t
 }
 
@@ -63,16 +61,6 @@ func (t *Tuner) Percent() int {
 	t.mu.Lock()
 	defer t.mu.Unlock()
 	return t.percent
-}
-
-// arm leaves a sentinel for the next collection to find unreachable.
-func (t *Tuner) arm() {
-	s := &sentinel{t: t}
-	runtime.SetFinalizer(s, func(s *sentinel) {
-		if s.t.tune() {
-			s.t.arm()
-		}
-	})
 }
 
 // tune sets the percentage for the live heap now; false once stopped.

@@ -12,15 +12,16 @@
 // docs/BENCHMARKS.md). With one, what is live stays within the budget
 // and the margin is what the heap grows by between collections.
 //
-// Like internal/gctune it runs from a finalizer the collector calls, so
-// an idle process pays nothing for it.
+// Like internal/gctune it runs after each collection (internal/aftergc),
+// so an idle process pays nothing for it.
 package memgov
 
 import (
 	"log/slog"
-	"runtime"
 	"runtime/metrics"
 	"sync"
+
+	"github.com/tierfs/tierfs/internal/aftergc"
 )
 
 // hysteresis: the room changes only by a 1/hysteresis of the budget or
@@ -100,7 +101,7 @@ func Start(budget int64, pool Pool, log *slog.Logger) *Governor {
 	}
 	g := &Governor{budget: budget, pool: pool, log: log, room: budget}
 	g.measure()
-	g.arm()
+	aftergc.Run(g.measure)
 	return g
 }
 
@@ -119,19 +120,6 @@ func (g *Governor) Room() (room, rest int64) {
 	g.mu.Lock()
 	defer g.mu.Unlock()
 	return g.room, g.rest
-}
-
-// sentinel is the object whose finalizer runs once per collection.
-type sentinel struct{ g *Governor }
-
-// arm leaves a sentinel for the next collection to find unreachable.
-func (g *Governor) arm() {
-	s := &sentinel{g: g}
-	runtime.SetFinalizer(s, func(s *sentinel) {
-		if s.g.measure() {
-			s.g.arm()
-		}
-	})
 }
 
 // measure sets the pool's room from the memory now; false once stopped.
