@@ -46,7 +46,7 @@ type Pool struct {
 	stats PoolStats
 
 	mu        sync.Mutex
-	minRoom   int64              // the least room SetRoom leaves: MinRoom(limit)
+	minRoom   int64              // the least room SetRoom leaves: MinRoom(limit), set by NewPool
 	room      int64              // what used may reach now: limit, or less (SetRoom); GUARDED_BY(mu)
 	used      int64              // bytes of every buffer below; GUARDED_BY(mu)
 	chunks    map[chunkID]*chunk // fetching or ready (a failed chunk leaves at once); GUARDED_BY(mu)
@@ -666,18 +666,19 @@ func (p *Pool) finish(c *chunk, buf []byte, err error) {
 	p.wake()
 }
 
-// take finds n bytes: a free buffer of that length, room (then buf is
-// nil: the caller allocates), room made by letting free buffers of
-// other lengths go, or by evicting chunks no one holds (cache first;
-// read-ahead only for a read). Free buffers go before any chunk: they
-// hold no bytes anyone will read, and pieces, the last piece of each
-// object above all, come in many lengths, so buffers kept for reuse
-// would otherwise push out the chunks readers come back for. A free
-// buffer of length n is filled again even while the pool uses more than
-// its room (SetRoom, which brings it down, let go of what it could): the
-// pool does not grow by it, and a buffer let go and another allocated
-// would be garbage for the collector. A pool that holds nothing
-// allocates whatever its room, so a read always goes on. GUARDED_BY(mu).
+// take finds n bytes: a free buffer of n's capacity class (bufCap),
+// room (then buf is nil: the caller allocates newBuf(n)), room made by
+// letting free buffers of other classes go, or by evicting chunks no
+// one holds (cache first; read-ahead only for a read). Free buffers go
+// before any chunk: they hold no bytes anyone will read, and pieces,
+// the last piece of each object above all, come in many lengths, so
+// buffers kept for reuse would otherwise push out the chunks readers
+// come back for. A free buffer of n's class is filled again even while
+// the pool uses more than its room (SetRoom, which brings it down, let
+// go of what it could): the pool does not grow by it, and a buffer let
+// go and another allocated would be garbage for the collector. A pool
+// that holds nothing allocates whatever its room, so a read always goes
+// on. GUARDED_BY(mu).
 func (p *Pool) take(n int64, read bool) (buf []byte, ok bool) {
 	for {
 		if b := p.popFree(n); b != nil {
