@@ -96,6 +96,34 @@ func waitIdle(t *testing.T, p *Pool) {
 	}
 }
 
+// watchUsage looks at pool's usage every 50 µs until stop is called;
+// stop returns the last usage bad said yes to, or "" if none.
+func watchUsage(pool *Pool, bad func(Usage) bool) (stop func() string) {
+	done := make(chan struct{})
+	ended := make(chan struct{})
+	var over atomic.Value
+	go func() {
+		defer close(ended)
+		for {
+			select {
+			case <-done:
+				return
+			default:
+			}
+			if u := pool.Usage(); bad(u) {
+				over.Store(fmt.Sprintf("%+v", u))
+			}
+			time.Sleep(50 * time.Microsecond)
+		}
+	}()
+	return func() string {
+		close(done)
+		<-ended
+		v, _ := over.Load().(string)
+		return v
+	}
+}
+
 // readAtOnce has readers goroutines each read an object whole through a
 // Reader of its own, all at once: reader r reads key(r), in ReadAts of
 // size bytes (0: as io.ReadAll does). Every byte is checked against
@@ -154,24 +182,10 @@ func TestPoolBoundsEveryChunkByte(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer pool.Close()
-	stop := make(chan struct{})
-	var over atomic.Value
-	go func() { // the budget holds at every moment we look
-		for {
-			select {
-			case <-stop:
-				return
-			default:
-			}
-			if u := pool.Usage(); u.Used() > u.Limit || u.InFlight < 0 {
-				over.Store(fmt.Sprintf("%+v", u))
-			}
-			time.Sleep(50 * time.Microsecond)
-		}
-	}()
+	// The budget holds at every moment we look.
+	stop := watchUsage(pool, func(u Usage) bool { return u.Used() > u.Limit || u.InFlight < 0 })
 	readAtOnce(t, cst, pool, 40, func(r int) string { return keys[r%len(keys)] }, ReaderOptions{ReadAhead: 4}, 0, want)
-	close(stop)
-	if v := over.Load(); v != nil {
+	if v := stop(); v != "" {
 		t.Fatalf("chunk memory over the budget: %s", v)
 	}
 	if cst.peak > pool.Limit() {
@@ -499,24 +513,9 @@ func TestPoolKeepsToItsRoom(t *testing.T) {
 		t.Fatalf("with a room of 3 chunks: %+v", u)
 	}
 	// Reads go on within the room.
-	stop := make(chan struct{})
-	var over atomic.Value
-	go func() {
-		for {
-			select {
-			case <-stop:
-				return
-			default:
-			}
-			if u := pool.Usage(); u.Used() > 3*cs {
-				over.Store(fmt.Sprintf("%+v", u))
-			}
-			time.Sleep(50 * time.Microsecond)
-		}
-	}()
+	stop := watchUsage(pool, func(u Usage) bool { return u.Used() > 3*cs })
 	readAtOnce(t, s, pool, 6, func(r int) string { return keys[r%2] }, ReaderOptions{ReadAhead: 2}, 0, want)
-	close(stop)
-	if v := over.Load(); v != nil {
+	if v := stop(); v != "" {
 		t.Fatalf("over the room: %s", v)
 	}
 	// Less room than the least one: the least one.
