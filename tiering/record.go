@@ -71,8 +71,9 @@ func decodeRecord(path string, buf []byte, n int, err error) (Record, bool, erro
 		return Record{}, false, fmt.Errorf("read state of %s: %w", path, err)
 	}
 	var r Record
-	// The decoder keeps what it is given: a copy of the bytes read, not
-	// the caller's buffer.
+	// The compiler cannot see that json.Unmarshal does not keep its
+	// input, so what it is given escapes to the heap: a copy of the
+	// bytes read, and the caller's buffer stays on the stack.
 	if err := json.Unmarshal(bytes.Clone(buf[:n]), &r); err != nil {
 		return Record{}, false, fmt.Errorf("state of %s: %w", path, err)
 	}

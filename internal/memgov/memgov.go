@@ -9,7 +9,7 @@
 // with the rest of the process above the margin the live heap reached
 // the limit: the collector then ran back to back (a consumer catching
 // up on 1,000 partitions spent three quarters of the mount's CPU in it,
-// docs/BENCHMARKS.md). With one, what is live stays within the budget
+// BENCHMARKS.md). With one, what is live stays within the budget
 // and the margin is what the heap grows by between collections.
 //
 // Like internal/gctune it runs after each collection (internal/aftergc),
@@ -136,8 +136,7 @@ func (g *Governor) measure() bool {
 	if d := room - g.room; d < g.budget/hysteresis && -d < g.budget/hysteresis {
 		// A small change is left for a larger one: a pool that lets
 		// buffers go at one collection and allocates them again at the
-		// next makes garbage for the collector (a catch-up on 1,000
-		// partitions allocated a quarter of its bytes fetched so).
+		// next makes garbage for the collector.
 		g.rest = rest
 		return true
 	}
