@@ -5,7 +5,9 @@
 // with the same records (-plain), all running at once and measured in
 // turn. For each budget: consume MB/s and its ratio to the plain
 // directory's in the same run, the mount's peak resident memory during
-// the consume, and bytes fetched per byte consumed.
+// the consume, and bytes fetched per byte consumed. With -tierfs-b, each
+// budget also gets a mount of a second build, measured in the same runs:
+// its × A column is the median of per-run ratios to the first build's.
 //
 //	go run ./bench/kafkacatchup -tierfs bin/tierfs -partitions 40 -mib 40 -budgets 64MiB,256MiB -runs 3
 package main
@@ -35,6 +37,9 @@ const topic = "catchup"
 type setup struct {
 	plain   bool // a broker on a plain directory: no mount
 	budget  string
+	build   string // "A" (-tierfs) or "B" (-tierfs-b); "" without -tierfs-b
+	bin     string
+	a       *setup // for a build B, the build A of its budget
 	budgetB int64
 	logDir  string
 	pid     int
@@ -44,6 +49,7 @@ type setup struct {
 	rss     []float64
 	amp     []float64 // bytes fetched from the store per byte consumed
 	xPlain  []float64 // consume MB/s over the plain directory's, per run
+	xA      []float64 // for a build B: consume MB/s over build A's, per run
 }
 
 // name is the setup's name in the output.
@@ -51,11 +57,23 @@ func (su *setup) name() string {
 	if su.plain {
 		return "plain directory"
 	}
+	if su.build != "" {
+		return "--cache-bytes " + su.budget + ", build " + su.build
+	}
 	return "--cache-bytes " + su.budget
+}
+
+// row is the setup's name in the table.
+func (su *setup) row() string {
+	if su.build != "" {
+		return su.budget + ", " + su.build + " (" + filepath.Base(su.bin) + ")"
+	}
+	return su.budget
 }
 
 func main() {
 	bin := flag.String("tierfs", "bin/tierfs", "tierfs binary")
+	binB := flag.String("tierfs-b", "", "a second tierfs binary (build B), mounted beside the first for each budget and measured in the same runs")
 	partitions := flag.Int("partitions", 40, "partitions of the topic")
 	mib := flag.Int("mib", 40, "MiB produced to each partition")
 	budgets := flag.String("budgets", "64MiB,256MiB", "--cache-bytes of each mount, comma-separated")
@@ -77,12 +95,22 @@ func main() {
 	records := *partitions * *mib << 20 / 1024
 
 	var setups []*setup
-	names := strings.Split(*budgets, ",")
-	if *plain {
-		names = append(names, "")
+	for _, b := range strings.Split(*budgets, ",") {
+		if *binB == "" {
+			setups = append(setups, &setup{budget: b, bin: tierfsBin})
+			continue
+		}
+		b2, err := filepath.Abs(*binB)
+		u.Check(err)
+		a := &setup{budget: b, build: "A", bin: tierfsBin}
+		setups = append(setups, a, &setup{budget: b, build: "B", bin: b2, a: a})
 	}
-	for i, b := range names {
-		su := &setup{plain: b == "", budget: b, logDir: filepath.Join(dir, fmt.Sprint(i), "logs")}
+	if *plain {
+		setups = append(setups, &setup{plain: true})
+	}
+	for i, su := range setups {
+		b := su.budget
+		su.logDir = filepath.Join(dir, fmt.Sprint(i), "logs")
 		u.Check(os.MkdirAll(su.logDir, 0o755))
 		if !su.plain {
 			su.budgetB, err = benchutil.ParseSize(b)
@@ -91,7 +119,7 @@ func main() {
 			u.Check(os.MkdirAll(backing, 0o755))
 			su.metrics, err = benchutil.FreeAddr()
 			u.Check(err)
-			stop, pid, err := benchutil.MountProc(tierfsBin, filepath.Join(dir, fmt.Sprint(i), "tierfs.log"), nil,
+			stop, pid, err := benchutil.MountProc(su.bin, filepath.Join(dir, fmt.Sprint(i), "tierfs.log"), nil,
 				"--backing", backing, "--remote", "file://"+filepath.Join(dir, fmt.Sprint(i), "remote"), "--ship-after", "1s",
 				"--local-retention-bytes", "1", "--tier-interval", "500ms", "--cache-bytes", b, "--metrics-listen", su.metrics, su.logDir)
 			u.Check(err)
@@ -103,7 +131,6 @@ func main() {
 		u.Check(err)
 		br := su.br
 		u.Push(func() { br.Stop() })
-		setups = append(setups, su)
 
 		fmt.Fprintf(os.Stderr, "%s: producing %d MiB to each of %d partitions\n", su.name(), *mib, *partitions)
 		u.Check(produce(br, *partitions, records))
@@ -169,14 +196,15 @@ func main() {
 					counts = append(counts, fmt.Sprintf("%s %.0f", strings.TrimPrefix(m, "tierfs_"), v-diagBefore[i]))
 				}
 			}
-			fmt.Fprintf(os.Stderr, "run %d, --cache-bytes %s: consume %.0f MB/s, peak RSS %d MiB, %.0f GETs, %.0f MB fetched (%s)\n",
-				r+1, su.budget, su.mbps[r], rss>>20, after-before, (bytesAfter-bytesBefore)/1e6, strings.Join(counts, ", "))
+			fmt.Fprintf(os.Stderr, "run %d, %s: consume %.0f MB/s, peak RSS %d MiB, %.0f GETs, %.0f MB fetched (%s)\n",
+				r+1, su.name(), su.mbps[r], rss>>20, after-before, (bytesAfter-bytesBefore)/1e6, strings.Join(counts, ", "))
 		}
-		if anchor != nil {
-			for _, su := range setups {
-				if !su.plain {
-					su.xPlain = append(su.xPlain, su.mbps[r]/anchor.mbps[r])
-				}
+		for _, su := range setups {
+			if anchor != nil && !su.plain {
+				su.xPlain = append(su.xPlain, su.mbps[r]/anchor.mbps[r])
+			}
+			if su.a != nil {
+				su.xA = append(su.xA, su.mbps[r]/su.a.mbps[r])
 			}
 		}
 	}
@@ -184,7 +212,7 @@ func main() {
 		if p := logProblems(su.br); len(p) > 0 {
 			// The work directory goes: keep the broker's whole log
 			// (the exceptions after each error line) and the mount's.
-			kept := filepath.Join(os.TempDir(), fmt.Sprintf("kafkacatchup-%d-%s", os.Getpid(), cmp.Or(su.budget, "plain")))
+			kept := filepath.Join(os.TempDir(), fmt.Sprintf("kafkacatchup-%d-%s", os.Getpid(), cmp.Or(su.budget+su.build, "plain")))
 			os.WriteFile(kept+"-broker.log", []byte(su.br.Log()), 0o644)
 			if b, err := os.ReadFile(filepath.Join(filepath.Dir(su.logDir), "tierfs.log")); err == nil {
 				os.WriteFile(kept+"-tierfs.log", b, 0o644)
@@ -195,22 +223,26 @@ func main() {
 	rep := benchutil.Report{
 		Name:  "kafkacatchup",
 		Title: "Kafka consumer catching up from offset 0, every rolled segment evicted",
-		Notes: []string{fmt.Sprintf("Kafka %s broker (KRaft, one node) on a tierfs mount with a dir store in %s, one broker and mount per --cache-bytes (and, with -plain, a broker on a plain directory in the same file system), measured in turn in an order that rotates; a topic of %d partitions, %d MiB of 1 KB records each, log.segment.bytes %s; one consumer (franz-go, a group of its own) reads every partition from offset 0 with the page cache dropped, so every rolled segment comes from the store (and, on the plain directory, from the disk); × plain: the median of per-run ratios of the consume rate to the plain directory's; peak RSS is the mount's VmHWM during the consume; medians of %d runs; %s.",
+		Notes: []string{fmt.Sprintf("Kafka %s broker (KRaft, one node) on a tierfs mount with a dir store in %s, one broker and mount per --cache-bytes (and, with -plain, a broker on a plain directory in the same file system), measured in turn in an order that rotates; a topic of %d partitions, %d MiB of 1 KB records each, log.segment.bytes %s; one consumer (franz-go, a group of its own) reads every partition from offset 0 with the page cache dropped, so every rolled segment comes from the store (and, on the plain directory, from the disk); × plain: the median of per-run ratios of the consume rate to the plain directory's; × A (with -tierfs-b, a mount of a second build beside each budget's): the median of per-run ratios of build B's consume rate to build A's; peak RSS is the mount's VmHWM during the consume; medians of %d runs; %s.",
 			kafka.Version(), where, *partitions, *mib, *segmentBytes, *runs, benchutil.Machine())},
-		Header:   []string{"--cache-bytes", "consume MB/s", "× plain", "peak RSS of tierfs, MiB", "× (budget + 64 MiB)", "bytes fetched per byte consumed"},
+		Header:   []string{"--cache-bytes", "consume MB/s", "× plain", "× A", "peak RSS of tierfs, MiB", "× (budget + 64 MiB)", "bytes fetched per byte consumed"},
 		Versions: map[string]string{"Kafka": kafka.Version()},
 	}
 	for _, su := range setups {
 		if su.plain {
-			rep.Rows = append(rep.Rows, []string{"plain directory", fmt.Sprintf("%.0f", benchutil.Median(su.mbps)), "1.00", "–", "–", "–"})
+			rep.Rows = append(rep.Rows, []string{"plain directory", fmt.Sprintf("%.0f", benchutil.Median(su.mbps)), "1.00", "–", "–", "–", "–"})
 			continue
 		}
 		x := "–"
 		if len(su.xPlain) > 0 {
 			x = fmt.Sprintf("%.2f", benchutil.Median(su.xPlain))
 		}
+		xA := "–"
+		if len(su.xA) > 0 {
+			xA = fmt.Sprintf("%.2f", benchutil.Median(su.xA))
+		}
 		rss := benchutil.Median(su.rss)
-		rep.Rows = append(rep.Rows, []string{su.budget, fmt.Sprintf("%.0f", benchutil.Median(su.mbps)), x, fmt.Sprintf("%.0f", rss),
+		rep.Rows = append(rep.Rows, []string{su.row(), fmt.Sprintf("%.0f", benchutil.Median(su.mbps)), x, xA, fmt.Sprintf("%.0f", rss),
 			fmt.Sprintf("%.2f", rss/float64((su.budgetB>>20)+64)), fmt.Sprintf("%.2f", benchutil.Median(su.amp))})
 	}
 	u.Run()
