@@ -390,3 +390,80 @@ func TestManyReadersFirstReadAndReadAhead(t *testing.T) {
 		t.Fatalf("read ahead with no room for it: %+v", u)
 	}
 }
+
+// TestReadersInTurnsReadAheadWithinTheirTurn: forty readers whose share
+// of the memory is less than a block read in turns of four reads of a
+// block each (as the kernel sends a consumer's megabyte of a partition
+// in several reads), ten readers at a time as a broker serves a fetch:
+// the first read of each of the ten, then the rest of each in turn.
+// From their second turn on, the last two reads of each turn find their
+// piece fetched ahead while the read before it was served (but where
+// memory is too short for it), nothing is
+// read ahead at a turn's first read (it would wait for the other nine
+// readers and be evicted by their reads), and nothing past a turn: no
+// more bytes are fetched than read.
+func TestReadersInTurnsReadAheadWithinTheirTurn(t *testing.T) {
+	for _, b := range backends(t) {
+		if b.chunk > 64<<10 {
+			continue // S3's 5 MiB parts: the same code, slowly
+		}
+		t.Run(b.name, func(t *testing.T) {
+			cs := b.chunk
+			bs := cs / 16
+			const readers, group, reads = 40, 10, 4
+			keys, wants := blockObjects(t, b.s, "turns/", readers, 2*cs, cs, bs, 700)
+			pool, _ := NewPool(2*cs, nil)
+			defer pool.Close()
+			var mu sync.Mutex
+			clock := time.Unix(1_800_000_000, 0)
+			tick := func(d time.Duration) { mu.Lock(); defer mu.Unlock(); clock = clock.Add(d) }
+			pool.now = func() time.Time { mu.Lock(); defer mu.Unlock(); return clock }
+			rds := openReaders(t, b.s, keys, pool, ReaderOptions{ReadAhead: 4})
+			st := pool.Stats()
+			var read, fetched, hits, wasted int64
+			readBlock := func(i int, off int64) {
+				buf := make([]byte, bs)
+				if n, err := rds[i].ReadAt(buf, off); n != len(buf) || !bytes.Equal(buf, wants[keys[i]][off:off+bs]) {
+					t.Fatalf("reader %d at %d: %d bytes (%v), not the object's", i, off, n, err)
+				}
+				read += bs
+				waitIdle(t, pool) // its read-ahead, if any, lands before the next read
+				tick(time.Millisecond)
+			}
+			for round := 0; round*reads*int(bs) < int(2*cs); round++ {
+				if round == 2 {
+					read, fetched, hits, wasted = 0, st.FetchedBytes.Load(), st.Hits.Load(), st.AheadWasted.Load()
+				}
+				from := int64(round*reads) * bs
+				for g := 0; g < readers; g += group {
+					for i := g; i < g+group; i++ {
+						readBlock(i, from)
+					}
+					for i := g; i < g+group; i++ {
+						for k := 1; k < reads; k++ {
+							readBlock(i, from+int64(k)*bs)
+						}
+					}
+					tick(4 * time.Second) // a round of 16 s
+				}
+				if u := pool.Usage(); round == 1 && u.Readers != readers {
+					t.Fatalf("%d readers counted, want %d", u.Readers, readers)
+				}
+			}
+			fetched = st.FetchedBytes.Load() - fetched
+			hits = st.Hits.Load() - hits
+			wasted = st.AheadWasted.Load() - wasted
+			turns := read / (reads * bs)
+			t.Logf("after two rounds: %d bytes read, %d fetched, %d of %d reads found their piece, %d read-ahead wasted; %d skipped in all",
+				read, fetched, hits, turns*reads, wasted, st.AheadSkipped.Load())
+			if fetched > read || wasted > 0 {
+				t.Fatalf("after two rounds: %d bytes fetched for %d read, %d read-ahead wasted: fetched twice, or past a turn", fetched, read, wasted)
+			}
+			// Read-ahead gives way when memory is short (a few do here),
+			// without it none would.
+			if want := turns * (reads - 2) * 9 / 10; hits < want {
+				t.Fatalf("after two rounds: %d reads found their piece fetched ahead, want at least %d (nine in ten of a turn's last two)", hits, want)
+			}
+		})
+	}
+}
