@@ -310,12 +310,9 @@ func (p *Pool) get(ctx context.Context, id chunkID, n int64, f fetcher) (Pin, er
 
 // prefetch fetches the chunk or piece of r's object that holds pos
 // ahead of a read, if memory is free for it without waiting or taking
-// any from a read. A piece for a read that comes within the reader's
-// turn (soon: see Reader.after) may also take the memory of a claim
-// idle for claimIdle, as that read would a few milliseconds later; not
-// another reader's read-ahead, which may be as near its read. It reports whether one
-// holding pos is in the table now, and where that one ends.
-func (p *Pool) prefetch(r *Reader, pos int64, soon bool) (end int64, ok bool) {
+// any from a read. It reports whether one holding pos is in the table
+// now, and where that one ends.
+func (p *Pool) prefetch(r *Reader, pos int64) (end int64, ok bool) {
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	id, in := p.pieceAt(r, pos)
@@ -327,11 +324,7 @@ func (p *Pool) prefetch(r *Reader, pos int64, soon bool) (end int64, ok bool) {
 		p.stats.AheadSkipped.Add(1)
 		return 0, false
 	}
-	who := takeAhead
-	if soon {
-		who = takeSoon
-	}
-	buf, ok := p.take(n, who)
+	buf, ok := p.take(n, false)
 	if !ok {
 		p.stats.AheadSkipped.Add(1)
 		return 0, false
@@ -367,33 +360,23 @@ const (
 	maxActiveSpan = time.Minute
 )
 
-// inOrder notes that r has just read [off, end) in order, and returns
-// the size of the pieces its reads get now, whether two of them for
-// each reader fit in half the budget (else it reads nothing ahead but
-// within its turn: its read-ahead would be evicted before its next
-// turn), and where its turn is expected to end (as far past its start
-// as its last turn read; 0 when none has ended, and at the turn's first
-// read: see Reader.after).
-func (p *Pool) inOrder(r *Reader, off, end int64) (w int64, fits bool, turnEnd int64) {
+// inOrder notes that r has just read in order, and returns the size of
+// the pieces its reads get now and whether two of them for each reader
+// fit in half the budget (else it reads nothing ahead: its read-ahead
+// would be evicted before its next turn).
+func (p *Pool) inOrder(r *Reader) (w int64, fits bool) {
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	now := p.now()
-	gap := now.Sub(r.activeAt)
-	switch {
-	case r.activeAt.IsZero() || gap > maxActiveSpan:
-		// Its first read, or a reader come back: no turn to go by.
-		r.turnFrom, r.reach, r.lastTurn, r.turnReads = off, end, 0, 0
-	case gap >= activeSpan/4:
+	if !r.activeAt.IsZero() {
 		// A pause of a quarter of activeSpan or more is a turn
 		// (shorter ones are a reader's own gaps, or the kernel's);
 		// one longer than maxActiveSpan is a reader come back, not a
 		// round.
-		r.turn = gap
-		r.lastTurn = r.reach - r.turnFrom
-		r.turnFrom, r.reach, r.turnReads = off, end, 0
+		if gap := now.Sub(r.activeAt); gap >= activeSpan/4 && gap <= maxActiveSpan {
+			r.turn = gap
+		}
 	}
-	r.reach = max(r.reach, end)
-	r.turnReads++
 	r.activeAt = now
 	switch {
 	case r.closed.Load(): // a read that ended after Close: leave let r go
@@ -402,11 +385,7 @@ func (p *Pool) inOrder(r *Reader, off, end int64) (w int64, fits bool, turnEnd i
 	default:
 		r.activeElem = p.active.PushFront(r)
 	}
-	if r.lastTurn > 0 && r.turnReads > 1 {
-		turnEnd = r.turnFrom + r.lastTurn
-	}
-	w, fits = p.pieceSize(r)
-	return w, fits, turnEnd
+	return p.pieceSize(r)
 }
 
 // span is how long r counts as a reader after its last read in order.
@@ -542,7 +521,7 @@ func (p *Pool) borrow(n int64) ([]byte, bool) {
 	if p.waiters.Len() > 0 {
 		return nil, false
 	}
-	buf, ok := p.take(n, takeRead)
+	buf, ok := p.take(n, true)
 	if ok && buf == nil {
 		buf = newBuf(n)
 	}
@@ -603,7 +582,7 @@ func (p *Pool) fetch(c *chunk, f fetcher) {
 	var buf []byte
 	ok := false
 	if p.waiters.Len() == 0 { // else: in line behind them
-		buf, ok = p.take(c.n, takeRead)
+		buf, ok = p.take(c.n, true)
 	}
 	var w *waiter
 	if !ok {
@@ -687,22 +666,10 @@ func (p *Pool) finish(c *chunk, buf []byte, err error) {
 	p.wake()
 }
 
-// taker is what memory is taken for (take), which says what it may
-// take from others.
-type taker uint8
-
-const (
-	takeAhead taker = iota // read-ahead: free memory and cache only
-	takeSoon               // read-ahead a read follows within milliseconds: also idle claims
-	takeRead               // a read: also read-ahead no one has read
-)
-
 // take finds n bytes: a free buffer of n's capacity class (bufCap),
 // room (then buf is nil: the caller allocates newBuf(n)), room made by
 // letting free buffers of other classes go, or by evicting chunks no
-// one holds (cache first; read-ahead only for a read), or by revoking a
-// claim idle for claimIdle (for a read, or for read-ahead a read follows
-// soon: see prefetch). Free buffers go
+// one holds (cache first; read-ahead only for a read). Free buffers go
 // before any chunk: they hold no bytes anyone will read, and pieces,
 // the last piece of each object above all, come in many lengths, so
 // buffers kept for reuse would otherwise push out the chunks readers
@@ -712,7 +679,7 @@ const (
 // go and another allocated would be garbage for the collector. A pool
 // that holds nothing allocates whatever its room, so a read always goes
 // on. GUARDED_BY(mu).
-func (p *Pool) take(n int64, who taker) (buf []byte, ok bool) {
+func (p *Pool) take(n int64, read bool) (buf []byte, ok bool) {
 	for {
 		if b := p.popFree(n); b != nil {
 			return b, true
@@ -724,10 +691,10 @@ func (p *Pool) take(n int64, who taker) (buf []byte, ok bool) {
 		if p.dropFree() {
 			continue
 		}
-		if p.evict(who == takeRead) {
+		if p.evict(read) {
 			continue
 		}
-		if who != takeAhead && p.revokeIdle() {
+		if read && p.revokeIdle() {
 			continue
 		}
 		return nil, false
@@ -957,7 +924,7 @@ func (p *Pool) dropFree() bool {
 func (p *Pool) wake() {
 	for e := p.waiters.Front(); e != nil; e = p.waiters.Front() {
 		w := e.Value.(*waiter)
-		buf, ok := p.take(w.n, takeRead)
+		buf, ok := p.take(w.n, true)
 		if !ok {
 			return
 		}

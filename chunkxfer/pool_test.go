@@ -589,7 +589,7 @@ func TestPoolReusesBuffersOfTheirClass(t *testing.T) {
 	defer pool.Close()
 	pool.mu.Lock()
 	defer pool.mu.Unlock()
-	b, ok := pool.take(200_000, takeRead)
+	b, ok := pool.take(200_000, true)
 	if !ok || b != nil {
 		t.Fatalf("take from an empty pool: %v, %d bytes (want room to allocate)", ok, len(b))
 	}
@@ -598,12 +598,12 @@ func TestPoolReusesBuffersOfTheirClass(t *testing.T) {
 	if pool.used != bufCap(200_000) || pool.freeBytes != bufCap(200_000) {
 		t.Fatalf("used %d, free %d; want the capacity, %d", pool.used, pool.freeBytes, bufCap(200_000))
 	}
-	got, ok := pool.take(199_000, takeRead)
+	got, ok := pool.take(199_000, true)
 	if !ok || len(got) != 199_000 || &got[0] != &b[0] {
 		t.Fatalf("a take of 199,000 bytes did not reuse the free buffer of 200,000 (%v, %d bytes)", ok, len(got))
 	}
 	pool.putFree(got, 199_000)
-	other, ok := pool.take(300_000, takeRead)
+	other, ok := pool.take(300_000, true)
 	if !ok || other != nil || pool.used != bufCap(200_000)+bufCap(300_000) {
 		t.Fatalf("a take of another class: %v, %d bytes, used %d", ok, len(other), pool.used)
 	}

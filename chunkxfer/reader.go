@@ -57,14 +57,6 @@ type Reader struct {
 	// turn is its last pause between reads in order of at least
 	// activeSpan/4 (a reader in turns: see span). GUARDED_BY(pool.mu)
 	turn time.Duration
-	// turnFrom is where its reads in order since that pause began,
-	// reach the furthest they ended, and turnReads how many there were;
-	// lastTurn is how far the turn before reached past its own start (0
-	// until one has ended). A reader whose share of the memory has no
-	// room to read ahead reads one piece ahead within as much of its
-	// turn (see after). GUARDED_BY(pool.mu)
-	turnFrom, reach, lastTurn int64
-	turnReads                 int
 }
 
 // NewReader opens key through its manifest.
@@ -144,7 +136,7 @@ func (r *Reader) ReadAtContext(ctx context.Context, p []byte, off int64) (int, e
 		if err != nil {
 			return 0, err
 		}
-		r.after(off, off+int64(n), m)
+		r.after(off+int64(n), m)
 		if n < len(p) {
 			return n, io.EOF
 		}
@@ -160,7 +152,7 @@ func (r *Reader) ReadAtContext(ctx context.Context, p []byte, off int64) (int, e
 		n += copy(p[n:], h.Bytes()[pos-start:])
 		h.Release()
 	}
-	r.after(off, off+int64(n), m)
+	r.after(off+int64(n), m)
 	if n < len(p) {
 		return n, io.EOF
 	}
@@ -197,7 +189,7 @@ func (r *Reader) Slice(ctx context.Context, off int64, n int) (b []byte, release
 		h.Release()
 		return nil, nil, false, nil
 	}
-	r.after(off, end, m)
+	r.after(end, m)
 	return h.Bytes()[off-start : end-start], h.Release, true, nil
 }
 
@@ -236,7 +228,7 @@ func (r *Reader) readBlocks(ctx context.Context, p []byte, off int64, m readMode
 	// not beside them: on a shared link (and CPU) its GET would slow the
 	// blocks' down.
 	if end < r.m.Size {
-		r.pool.prefetch(r, end, false)
+		r.pool.prefetch(r, end)
 	}
 	if err != nil {
 		return 0, true, fmt.Errorf("read %s: %w", r.m.Key, err)
@@ -278,22 +270,11 @@ func (r *Reader) mode(off int64) readMode {
 	}
 }
 
-// after notes a read of mode m of [off, end), and starts read-ahead
+// after notes a read of mode m that ended at end, and starts read-ahead
 // past it unless the read was at a random offset: ReadAhead chunks, or
 // one piece when the pool's readers get pieces smaller than a chunk
-// (their share of the memory has no room for more). A reader whose
-// share has no room for a piece ahead reads in turns (a consumer
-// catching up reads a megabyte of each of a thousand partitions in
-// turn): from the second read of its turn on, it reads the next piece
-// ahead while that piece starts within as many bytes of its turn as its
-// last turn read. Read ahead past that, the piece would wait for the
-// reader's next turn and be evicted before it; within it, the piece is
-// read in milliseconds, and its fetch overlaps the read before it
-// instead of following it. Not after a turn's first read: a broker
-// reads the first bytes of every partition a fetch asks for before it
-// sends any of them, and a piece read ahead then would wait for the
-// partitions before its own and be evicted by their reads.
-func (r *Reader) after(off, end int64, m readMode) {
+// (their share of the memory has no room for more).
+func (r *Reader) after(end int64, m readMode) {
 	r.lastEnd.Store(end)
 	if m == readRandom {
 		return
@@ -302,24 +283,21 @@ func (r *Reader) after(off, end int64, m readMode) {
 		r.pool.leave(r) // nothing ahead: not one of the readers now
 		return
 	}
-	w, fits, turnEnd := r.pool.inOrder(r, off, end)
+	w, fits := r.pool.inOrder(r)
 	ahead := r.opts.ReadAhead
-	next := (end + w - 1) / w * w // the piece holding end was just read
-	soon := false
 	switch {
-	case !fits && next < turnEnd:
-		ahead, soon = min(ahead, 1), true
 	case !fits:
 		ahead = 0 // it would be evicted before the reader's next turn
 	case w < r.m.ChunkSize:
 		ahead = min(ahead, 1)
 	}
+	next := (end + w - 1) / w * w // the piece holding end was just read
 	for range ahead {
 		if next >= r.m.Size || r.closed.Load() {
 			return
 		}
 		var ok bool
-		if next, ok = r.pool.prefetch(r, next, soon); !ok {
+		if next, ok = r.pool.prefetch(r, next); !ok {
 			return // no room: read-ahead shrinks before any read waits
 		}
 	}
