@@ -50,18 +50,52 @@ type Record struct {
 func readRecord(path string) (Record, bool, error) {
 	var buf [recordMax]byte // on the stack: the tierer reads records by the hundred thousand
 	n, err := unix.Getxattr(path, recordXattr, buf[:])
+	if errors.Is(err, unix.ERANGE) {
+		return readLargeRecord(path, func(b []byte) (int, error) { return unix.Getxattr(path, recordXattr, b) })
+	}
 	return decodeRecord(path, buf[:], n, err)
+}
+
+// RecordState is the state the record of the file at path (on a
+// backing directory) holds; ok is false for a file with no record (a
+// local file).
+func RecordState(path string) (st tiered.State, ok bool, err error) {
+	r, ok, err := readRecord(path)
+	return r.State, ok, err
 }
 
 // readRecordFd reads the record of an open file; name is for errors.
 func readRecordFd(fd int, name string) (Record, bool, error) {
 	var buf [recordMax]byte
 	n, err := unix.Fgetxattr(fd, recordXattr, buf[:])
+	if errors.Is(err, unix.ERANGE) {
+		return readLargeRecord(name, func(b []byte) (int, error) { return unix.Fgetxattr(fd, recordXattr, b) })
+	}
 	return decodeRecord(name, buf[:], n, err)
 }
 
-// recordMax is the largest record read.
+// recordMax is the largest record read into a buffer on the stack; a
+// larger one (a file of many extents) is read by readLargeRecord.
 const recordMax = 4096
+
+// readLargeRecord reads a record larger than recordMax with get: its
+// size asked first, then read into a buffer of that size, again if it
+// grew in between.
+func readLargeRecord(path string, get func([]byte) (int, error)) (Record, bool, error) {
+	for range 3 {
+		size, err := get(nil)
+		if err != nil {
+			return decodeRecord(path, nil, 0, err)
+		}
+		buf := make([]byte, size)
+		n, err := get(buf)
+		if errors.Is(err, unix.ERANGE) {
+			continue // it grew since
+		}
+		return decodeRecord(path, buf, n, err)
+	}
+	return Record{}, false, fmt.Errorf("read state of %s: %w", path, unix.ERANGE)
+}
 
 func decodeRecord(path string, buf []byte, n int, err error) (Record, bool, error) {
 	if errors.Is(err, unix.ENODATA) {

@@ -150,15 +150,11 @@ func segmentState(seg tiering.Segment) tiered.State {
 		st, _ := tiered.ParseState(string(buf[:n]))
 		return st
 	}
-	n, err := unix.Getxattr(path, tiered.HiddenXattrPrefix, buf)
-	if err != nil {
+	st, ok, err := tiering.RecordState(path)
+	if err != nil || !ok {
 		return tiering.StateLocal
 	}
-	var rec struct{ State tiered.State }
-	if json.Unmarshal(buf[:n], &rec) != nil {
-		return tiering.StateLocal
-	}
-	return rec.State
+	return st
 }
 
 // status prints the table; lastErr holds the running mount's last error
