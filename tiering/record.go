@@ -89,8 +89,8 @@ func readLargeRecord(path string, get func([]byte) (int, error)) (Record, bool, 
 		}
 		buf := make([]byte, size)
 		n, err := get(buf)
-		if errors.Is(err, unix.ERANGE) {
-			continue // it grew since
+		if errors.Is(err, unix.ERANGE) || n > len(buf) {
+			continue // it grew since (an empty buffer is told the size)
 		}
 		return decodeRecord(path, buf, n, err)
 	}
