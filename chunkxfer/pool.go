@@ -56,7 +56,7 @@ type Pool struct {
 	freeBytes int64              // GUARDED_BY(mu)
 	aheadBusy int64              // bytes of read-ahead fetches in flight; GUARDED_BY(mu)
 	waiters   list.List          // of *waiter, first come first served; GUARDED_BY(mu)
-	claims    list.List          // of *claim; GUARDED_BY(mu)
+	claims    list.List          // of *claim, least recently used first; GUARDED_BY(mu)
 	timer     *time.Timer        // wakes waiters when a claim can be revoked; GUARDED_BY(mu)
 	active    list.List          // of *Reader: read in order within their span, most recent first; GUARDED_BY(mu)
 	reading   atomic.Int64       // reads in progress (in a Reader's ReadAt or Slice)
@@ -733,6 +733,7 @@ func (p *Pool) read(ctx context.Context, r *Reader, pos int64, mode readMode) (P
 		if cl.c.id == id {
 			cl.c.refs++
 			cl.used = p.now()
+			p.claims.MoveToBack(cl.elem) // the list stays in order of use
 			p.stats.Hits.Add(1)
 			p.mu.Unlock()
 			return Pin{p: p, c: cl.c, b: cl.c.buf}, start, nil
@@ -772,10 +773,11 @@ func (p *Pool) dropClaim(cl *claim) {
 // have the room; else it makes sure waiters are woken when one can be.
 // GUARDED_BY(mu).
 func (p *Pool) revokeIdle() bool {
+	// The claims are in order of use: the first no read holds is the
+	// one unused for longest, found without a look at every reader's.
 	var oldest *claim
-	for e := p.claims.Front(); e != nil; e = e.Next() {
-		cl := e.Value.(*claim)
-		if cl.c.refs == cl.c.claims && (oldest == nil || cl.used.Before(oldest.used)) {
+	for e := p.claims.Front(); e != nil && oldest == nil; e = e.Next() {
+		if cl := e.Value.(*claim); cl.c.refs == cl.c.claims {
 			oldest = cl
 		}
 	}

@@ -435,6 +435,50 @@ func TestPoolRevokesAnIdleReadersClaim(t *testing.T) {
 	}
 }
 
+// TestPoolRevokesTheClaimUnusedForLongest: of two idle readers' claims,
+// a read that needs the room takes the one whose reader read last the
+// longest ago, though its claim was made first: the claims are kept in
+// order of use, and the first one no read holds is revoked.
+func TestPoolRevokesTheClaimUnusedForLongest(t *testing.T) {
+	const cs = 64 << 10
+	s := store.NewMem(nil)
+	keys, want := poolObjects(t, s, 3, 2, cs)
+	pool, _ := NewPool(2*cs, nil)
+	defer pool.Close()
+	pool.claimIdle = 50 * time.Millisecond
+	var mu sync.Mutex
+	clock := time.Unix(1_800_000_000, 0)
+	tick := func(d time.Duration) { mu.Lock(); defer mu.Unlock(); clock = clock.Add(d) }
+	pool.now = func() time.Time { mu.Lock(); defer mu.Unlock(); return clock }
+	rds := make([]*Reader, 3)
+	for i, k := range keys {
+		rds[i], _ = NewReader(context.Background(), s, k, pool, ReaderOptions{})
+		defer rds[i].Close()
+	}
+	got := make([]byte, 100)
+	read := func(i int, off int64) {
+		t.Helper()
+		if _, err := rds[i].ReadAt(got, off); err != nil || !bytes.Equal(got, want[keys[i]][off:off+100]) {
+			t.Fatalf("reader %d at %d: %v", i, off, err)
+		}
+		tick(10 * time.Millisecond)
+	}
+	read(0, 0)   // the first claim
+	read(1, 0)   // the second: the budget is full
+	read(0, 200) // the first reader reads on in its chunk
+	tick(time.Second)
+	read(2, 0) // needs the room of one claim
+	if n := pool.Stats().Revoked.Load(); n != 1 {
+		t.Fatalf("%d claims revoked, want 1", n)
+	}
+	pool.mu.Lock()
+	kept, revoked := rds[0].claim != nil, rds[1].claim == nil
+	pool.mu.Unlock()
+	if !kept || !revoked {
+		t.Fatalf("the first reader's claim kept: %v, the second's revoked: %v; want the second's, unused for longest", kept, revoked)
+	}
+}
+
 // TestPoolLetsFreeBuffersGoBeforeChunks: buffers kept for reuse whose
 // lengths no fetch wants (pieces and objects' last chunks come in many
 // lengths) go before any chunk a reader may come back for: a read that
