@@ -7,7 +7,6 @@ import (
 	"fmt"
 	"path/filepath"
 	"strings"
-	"sync"
 	"testing"
 	"time"
 
@@ -322,18 +321,14 @@ func TestReadersInLongRoundsFetchWhatTheyRead(t *testing.T) {
 				keys, want := blockObjects(t, b.s, "rounds/", readers, 2*cs+cs/3, cs, bs, 400)
 				pool, _ := NewPool(budget*cs, nil)
 				defer pool.Close()
-				var mu sync.Mutex
-				clock := time.Unix(1_800_000_000, 0)
-				pool.now = func() time.Time { mu.Lock(); defer mu.Unlock(); return clock }
+				tick := fakeClock(pool)
 				rds := openReaders(t, b.s, keys, pool, ReaderOptions{ReadAhead: 4})
 				got := make([][]byte, readers)
 				var read2, fetched2 int64 // after two rounds
 				rounds := 0
 				read := readInTurns(t, rds, got, int(cs/8), func(int64) {
 					waitIdle(t, pool) // its read-ahead, if any, lands before the clock moves
-					mu.Lock()
-					clock = clock.Add(time.Second) // a round of 24 s
-					mu.Unlock()
+					tick(time.Second) // a round of 24 s
 				}, func(read int64) {
 					if rounds++; rounds == 2 {
 						read2, fetched2 = read, pool.stats.FetchedBytes.Load()

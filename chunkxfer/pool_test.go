@@ -96,6 +96,15 @@ func waitIdle(t *testing.T, p *Pool) {
 	}
 }
 
+// fakeClock makes pool's clock one that stands still until tick moves
+// it on.
+func fakeClock(pool *Pool) (tick func(time.Duration)) {
+	var mu sync.Mutex
+	clock := time.Unix(1_800_000_000, 0)
+	pool.now = func() time.Time { mu.Lock(); defer mu.Unlock(); return clock }
+	return func(d time.Duration) { mu.Lock(); defer mu.Unlock(); clock = clock.Add(d) }
+}
+
 // watchUsage looks at pool's usage every 50 µs until stop is called;
 // stop returns the last usage bad said yes to, or "" if none.
 func watchUsage(pool *Pool, bad func(Usage) bool) (stop func() string) {
@@ -446,10 +455,7 @@ func TestPoolRevokesTheClaimUnusedForLongest(t *testing.T) {
 	pool, _ := NewPool(2*cs, nil)
 	defer pool.Close()
 	pool.claimIdle = 50 * time.Millisecond
-	var mu sync.Mutex
-	clock := time.Unix(1_800_000_000, 0)
-	tick := func(d time.Duration) { mu.Lock(); defer mu.Unlock(); clock = clock.Add(d) }
-	pool.now = func() time.Time { mu.Lock(); defer mu.Unlock(); return clock }
+	tick := fakeClock(pool)
 	rds := make([]*Reader, 3)
 	for i, k := range keys {
 		rds[i], _ = NewReader(context.Background(), s, k, pool, ReaderOptions{})
