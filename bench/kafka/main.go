@@ -22,6 +22,7 @@ import (
 	"flag"
 	"fmt"
 	"io"
+	"maps"
 	"net/http"
 	"os"
 	"path/filepath"
@@ -146,7 +147,7 @@ func main() {
 		opts := kafka.Options{LogDir: su.logDir, MetadataDir: filepath.Join(work, "metadata"), WorkDir: work, Props: props}
 		if cfg.kip405 {
 			su.store = filepath.Join(dir, fmt.Sprint(ci), "remote-storage")
-			opts.Lib, opts.Props = kafka.KIP405LibDir(), kip405Props(props, su.store)
+			opts.Lib, opts.Props = kafka.KIP405LibDir(), kafka.KIP405Props(props, su.store)
 		}
 		su.br, err = kafka.Start(opts)
 		check(err)
@@ -207,7 +208,7 @@ func main() {
 		case su.kip405:
 			fmt.Fprintln(os.Stderr, "waiting for Kafka to copy the rolled segments to its remote storage and delete them locally")
 			for _, s := range su.streams {
-				check(benchutil.WaitFor(func() bool { return localSegments(filepath.Join(su.logDir, s.Topic+"-0")) == 1 }, 10*time.Minute, s.Topic+" deleted locally"))
+				check(benchutil.WaitFor(func() bool { return benchutil.LocalSegments(filepath.Join(su.logDir, s.Topic+"-0")) == 1 }, 10*time.Minute, s.Topic+" deleted locally"))
 			}
 		}
 	}
@@ -315,35 +316,6 @@ func newClient(br *kafka.Broker, opts ...kgo.Opt) (*kgo.Client, error) {
 	return kgo.NewClient(append([]kgo.Opt{kgo.SeedBrokers(br.Addr)}, opts...)...)
 }
 
-// kip405Props are the broker's properties for Kafka's own tiered
-// storage: the LocalTieredStorage remote storage manager writing under
-// dir, the default topic-based metadata manager with one partition and
-// one replica, and the remote log manager's tasks every half second (as
-// tierfs's --tier-interval in this benchmark).
-func kip405Props(props map[string]string, dir string) map[string]string {
-	out := map[string]string{
-		"remote.log.storage.system.enable":                         "true",
-		"remote.log.storage.manager.class.name":                    "org.apache.kafka.server.log.remote.storage.LocalTieredStorage",
-		"remote.log.storage.manager.impl.prefix":                   "rsm.config.",
-		"rsm.config.dir":                                           dir,
-		"remote.log.metadata.manager.impl.prefix":                  "rlmm.config.",
-		"remote.log.metadata.manager.listener.name":                "PLAINTEXT",
-		"rlmm.config.remote.log.metadata.topic.replication.factor": "1",
-		"rlmm.config.remote.log.metadata.topic.num.partitions":     "1",
-		"remote.log.manager.task.interval.ms":                      "500",
-	}
-	for k, v := range props {
-		out[k] = v
-	}
-	return out
-}
-
-// localSegments counts the .log files of a partition dir.
-func localSegments(dir string) int {
-	m, _ := filepath.Glob(filepath.Join(dir, "*.log"))
-	return len(m)
-}
-
 // dirBytes is the size of the regular files under dir (measured before
 // the undo removes the work dir).
 func dirBytes(dir string) int64 {
@@ -370,8 +342,7 @@ func createTopic(br *kafka.Broker, topic string, kip405 bool) error {
 	defer c.Close()
 	configs := map[string]*string{"retention.ms": kadm.StringPtr("-1")}
 	if kip405 {
-		configs["remote.storage.enable"] = kadm.StringPtr("true")
-		configs["local.retention.bytes"] = kadm.StringPtr("1")
+		maps.Copy(configs, kafka.KIP405TopicConfigs())
 	}
 	res, err := kadm.NewClient(c).CreateTopic(context.Background(), 1, 1, configs, topic)
 	if err == nil {

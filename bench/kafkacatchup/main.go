@@ -1,23 +1,26 @@
 // Command kafkacatchup measures a consumer catching up from offset 0 on
 // a topic of many partitions whose rolled segments are all evicted: a
 // real Kafka broker on a tierfs mount with a dir store, one mount per
-// chunk memory budget (--cache-bytes), and a broker on a plain directory
-// with the same records (-plain), all running at once and measured in
-// turn. For each budget: consume MB/s and its ratio to the plain
-// directory's in the same run, the mount's peak resident memory during
-// the consume, and bytes fetched per byte consumed. With -tierfs-b, each
-// budget also gets a mount of a second build, measured in the same runs:
-// its × A column is the median of per-run ratios to the first build's.
+// chunk memory budget (--cache-bytes), a broker on a plain directory with
+// the same records (-plain), and one with Kafka's own tiered storage
+// (KIP-405, -kip405) on a plain directory with its local copies deleted,
+// all running at once and measured in turn, after a consume of
+// everything on each that is not measured (-warmup). For each budget:
+// consume MB/s and its ratio to the plain directory's and to KIP-405's in
+// the same run, the mount's peak resident memory during the consume, and
+// bytes fetched per byte consumed. With -tierfs-b, each budget also gets
+// a mount of a second build, measured in the same runs: its × A column is
+// the median of per-run ratios to the first build's.
 //
 //	go run ./bench/kafkacatchup -tierfs bin/tierfs -partitions 40 -mib 40 -budgets 64MiB,256MiB -runs 3
 package main
 
 import (
-	"cmp"
 	"context"
 	"encoding/binary"
 	"flag"
 	"fmt"
+	"maps"
 	"os"
 	"path/filepath"
 	"strings"
@@ -26,6 +29,7 @@ import (
 
 	"github.com/twmb/franz-go/pkg/kadm"
 	"github.com/twmb/franz-go/pkg/kgo"
+	"golang.org/x/sys/unix"
 
 	"github.com/tierfs/tierfs/bench/internal/benchutil"
 	"github.com/tierfs/tierfs/e2e/kafka"
@@ -36,6 +40,7 @@ const topic = "catchup"
 
 type setup struct {
 	plain   bool // a broker on a plain directory: no mount
+	kip405  bool // Kafka's own tiered storage on a plain directory: no mount
 	budget  string
 	build   string // "A" (-tierfs) or "B" (-tierfs-b); "" without -tierfs-b
 	bin     string
@@ -50,18 +55,38 @@ type setup struct {
 	amp     []float64 // bytes fetched from the store per byte consumed
 	xPlain  []float64 // consume MB/s over the plain directory's, per run
 	xA      []float64 // for a build B: consume MB/s over build A's, per run
+	xKIP    []float64 // consume MB/s over KIP-405's, per run
 }
 
 // name is the setup's name in the output.
 func (su *setup) name() string {
-	if su.plain {
+	switch {
+	case su.plain:
 		return "plain directory"
+	case su.kip405:
+		return kip405Name
 	}
 	if su.build != "" {
 		return "--cache-bytes " + su.budget + ", build " + su.build
 	}
 	return "--cache-bytes " + su.budget
 }
+
+// mounted says whether the setup's broker runs on a tierfs mount.
+func (su *setup) mounted() bool { return !su.plain && !su.kip405 }
+
+// key names the setup in file names.
+func (su *setup) key() string {
+	switch {
+	case su.plain:
+		return "plain"
+	case su.kip405:
+		return "kip405"
+	}
+	return su.budget + su.build
+}
+
+const kip405Name = "Kafka tiered storage (KIP-405)"
 
 // row is the setup's name in the table.
 func (su *setup) row() string {
@@ -80,6 +105,8 @@ func main() {
 	segmentBytes := flag.String("segment-bytes", "8MiB", "log.segment.bytes")
 	runs := flag.Int("runs", 3, "consumes from offset 0 per mount")
 	plain := flag.Bool("plain", true, "also a broker on a plain directory, the anchor of the × plain column")
+	kip := flag.Bool("kip405", true, "also a broker with Kafka's own tiered storage (Kafka 4.3.0, LocalTieredStorage) on a plain directory, its local copies deleted, the anchor of the × KIP-405 column")
+	warmup := flag.Bool("warmup", true, "consume everything once on each broker before the measured runs, not measured (the first consume after producing is slower for whichever broker goes first)")
 	flag.Parse()
 	u := benchutil.NewUndo("bench-kafkacatchup")
 	defer u.Run()
@@ -108,11 +135,18 @@ func main() {
 	if *plain {
 		setups = append(setups, &setup{plain: true})
 	}
+	if *kip {
+		if m, _ := filepath.Glob(filepath.Join(kafka.KIP405LibDir(), "kafka-storage-*-test.jar")); len(m) == 0 {
+			fmt.Fprintf(os.Stderr, "no Kafka tiered storage jars in %s (scripts/install-deps fetches them): measuring without it\n", kafka.KIP405LibDir())
+		} else {
+			setups = append(setups, &setup{kip405: true})
+		}
+	}
 	for i, su := range setups {
 		b := su.budget
 		su.logDir = filepath.Join(dir, fmt.Sprint(i), "logs")
 		u.Check(os.MkdirAll(su.logDir, 0o755))
-		if !su.plain {
+		if su.mounted() {
 			su.budgetB, err = benchutil.ParseSize(b)
 			u.Check(err)
 			backing := filepath.Join(dir, fmt.Sprint(i), "backing")
@@ -127,39 +161,64 @@ func main() {
 			su.pid = pid
 		}
 		work := filepath.Join(dir, fmt.Sprint(i), "broker")
-		su.br, err = kafka.Start(kafka.Options{LogDir: su.logDir, MetadataDir: filepath.Join(work, "metadata"), WorkDir: work, Props: props})
+		opts := kafka.Options{LogDir: su.logDir, MetadataDir: filepath.Join(work, "metadata"), WorkDir: work, Props: props}
+		var configs map[string]*string
+		if su.kip405 {
+			opts.Lib, opts.Props = kafka.KIP405LibDir(), kafka.KIP405Props(props, filepath.Join(dir, fmt.Sprint(i), "remote-storage"))
+			configs = kafka.KIP405TopicConfigs()
+		}
+		su.br, err = kafka.Start(opts)
 		u.Check(err)
 		br := su.br
 		u.Push(func() { br.Stop() })
 
 		fmt.Fprintf(os.Stderr, "%s: producing %d MiB to each of %d partitions\n", su.name(), *mib, *partitions)
-		u.Check(produce(br, *partitions, records))
+		u.Check(produce(br, *partitions, records, configs))
 	}
 	for _, su := range setups {
-		if su.plain {
-			continue
-		}
-		fmt.Fprintf(os.Stderr, "%s: waiting for the rolled segments to be evicted\n", su.budget)
-		for p := range *partitions {
-			u.Check(benchutil.WaitFor(func() bool { return benchutil.AllEvicted(filepath.Join(su.logDir, fmt.Sprintf("%s-%d", topic, p))) }, 20*time.Minute, "eviction"))
+		switch {
+		case su.kip405:
+			fmt.Fprintf(os.Stderr, "%s: waiting for Kafka to copy the rolled segments to its remote storage and delete them locally\n", su.name())
+			for p := range *partitions {
+				pdir := filepath.Join(su.logDir, fmt.Sprintf("%s-%d", topic, p))
+				u.Check(benchutil.WaitFor(func() bool { return benchutil.LocalSegments(pdir) == 1 }, 20*time.Minute, "local copies deleted"))
+			}
+		case su.mounted():
+			fmt.Fprintf(os.Stderr, "%s: waiting for the rolled segments to be evicted\n", su.name())
+			for p := range *partitions {
+				u.Check(benchutil.WaitFor(func() bool { return benchutil.AllEvicted(filepath.Join(su.logDir, fmt.Sprintf("%s-%d", topic, p))) }, 20*time.Minute, "eviction"))
+			}
 		}
 	}
-	var anchor *setup
+	var anchor, kipAnchor *setup
 	for _, su := range setups {
-		if su.plain {
+		switch {
+		case su.plain:
 			anchor = su
+		case su.kip405:
+			kipAnchor = su
+		}
+	}
+	if *warmup {
+		unix.Sync()
+		for _, su := range setups {
+			benchutil.DropCaches()
+			var n int64
+			d := benchutil.Time(func() { n, err = consume(su.br, records) })
+			u.Check(err)
+			fmt.Fprintf(os.Stderr, "warm-up, %s: consume %.0f MB/s (not measured)\n", su.name(), float64(n)/1e6/d.Seconds())
 		}
 	}
 	for r := range *runs {
 		for k := range setups {
 			su := setups[(k+r)%len(setups)]
-			if su.plain {
+			if !su.mounted() {
 				benchutil.DropCaches()
 				var n int64
 				d := benchutil.Time(func() { n, err = consume(su.br, records) })
 				u.Check(err)
 				su.mbps = append(su.mbps, float64(n)/1e6/d.Seconds())
-				fmt.Fprintf(os.Stderr, "run %d, plain directory: consume %.0f MB/s\n", r+1, su.mbps[r])
+				fmt.Fprintf(os.Stderr, "run %d, %s: consume %.0f MB/s\n", r+1, su.name(), su.mbps[r])
 				continue
 			}
 			before, err := benchutil.Metric(su.metrics, "tierfs_remote_fetch_requests_total")
@@ -203,6 +262,9 @@ func main() {
 			if anchor != nil && !su.plain {
 				su.xPlain = append(su.xPlain, su.mbps[r]/anchor.mbps[r])
 			}
+			if kipAnchor != nil && !su.kip405 {
+				su.xKIP = append(su.xKIP, su.mbps[r]/kipAnchor.mbps[r])
+			}
 			if su.a != nil {
 				su.xA = append(su.xA, su.mbps[r]/su.a.mbps[r])
 			}
@@ -212,7 +274,7 @@ func main() {
 		if p := logProblems(su.br); len(p) > 0 {
 			// The work directory goes: keep the broker's whole log
 			// (the exceptions after each error line) and the mount's.
-			kept := filepath.Join(os.TempDir(), fmt.Sprintf("kafkacatchup-%d-%s", os.Getpid(), cmp.Or(su.budget+su.build, "plain")))
+			kept := filepath.Join(os.TempDir(), fmt.Sprintf("kafkacatchup-%d-%s", os.Getpid(), su.key()))
 			os.WriteFile(kept+"-broker.log", []byte(su.br.Log()), 0o644)
 			if b, err := os.ReadFile(filepath.Join(filepath.Dir(su.logDir), "tierfs.log")); err == nil {
 				os.WriteFile(kept+"-tierfs.log", b, 0o644)
@@ -220,29 +282,35 @@ func main() {
 			u.Fail(fmt.Errorf("%s: the broker logged (whole logs in %s-*.log):\n%s", su.name(), kept, strings.Join(p, "\n")))
 		}
 	}
+	kipNote := ""
+	if kipAnchor != nil {
+		kipNote = fmt.Sprintf(" Kafka's own tiered storage is Kafka %s (its 4.4.0 test jar is not served) with the LocalTieredStorage remote storage manager writing to a directory on the same file system, the default topic-based metadata manager, and the topic with remote.storage.enable and local.retention.bytes 1: every rolled segment is read from its remote storage; × KIP-405: the median of per-run ratios to its consume rate.", kafka.VersionIn(kafka.KIP405LibDir()))
+	}
 	rep := benchutil.Report{
 		Name:  "kafkacatchup",
 		Title: "Kafka consumer catching up from offset 0, every rolled segment evicted",
-		Notes: []string{fmt.Sprintf("Kafka %s broker (KRaft, one node) on a tierfs mount with a dir store in %s, one broker and mount per --cache-bytes (and, with -plain, a broker on a plain directory in the same file system), measured in turn in an order that rotates; a topic of %d partitions, %d MiB of 1 KB records each, log.segment.bytes %s; one consumer (franz-go, a group of its own) reads every partition from offset 0 with the page cache dropped, so every rolled segment comes from the store (and, on the plain directory, from the disk); × plain: the median of per-run ratios of the consume rate to the plain directory's; × A (with -tierfs-b, a mount of a second build beside each budget's): the median of per-run ratios of build B's consume rate to build A's; peak RSS is the mount's VmHWM during the consume; medians of %d runs; %s.",
-			kafka.Version(), where, *partitions, *mib, *segmentBytes, *runs, benchutil.Machine())},
-		Header:   []string{"--cache-bytes", "consume MB/s", "× plain", "× A", "peak RSS of tierfs, MiB", "× (budget + 64 MiB)", "bytes fetched per byte consumed"},
+		Notes: []string{fmt.Sprintf("Kafka %s broker (KRaft, one node) on a tierfs mount with a dir store in %s, one broker and mount per --cache-bytes (and, with -plain, a broker on a plain directory in the same file system), measured in turn in an order that rotates, after one consume of everything on each that is not measured (-warmup); a topic of %d partitions, %d MiB of 1 KB records each, log.segment.bytes %s; one consumer (franz-go, a group of its own) reads every partition from offset 0 with the page cache dropped, so every rolled segment comes from the store (and, on the plain directory, from the disk); × plain: the median of per-run ratios of the consume rate to the plain directory's; × A (with -tierfs-b, a mount of a second build beside each budget's): the median of per-run ratios of build B's consume rate to build A's; peak RSS is the mount's VmHWM during the consume; medians of %d runs; %s.%s",
+			kafka.Version(), where, *partitions, *mib, *segmentBytes, *runs, benchutil.Machine(), kipNote)},
+		Header:   []string{"--cache-bytes", "consume MB/s", "× plain", "× KIP-405", "× A", "peak RSS of tierfs, MiB", "× (budget + 64 MiB)", "bytes fetched per byte consumed"},
 		Versions: map[string]string{"Kafka": kafka.Version()},
 	}
+	ratio := func(xs []float64) string {
+		if len(xs) == 0 {
+			return "–"
+		}
+		return fmt.Sprintf("%.2f", benchutil.Median(xs))
+	}
 	for _, su := range setups {
-		if su.plain {
-			rep.Rows = append(rep.Rows, []string{"plain directory", fmt.Sprintf("%.0f", benchutil.Median(su.mbps)), "1.00", "–", "–", "–", "–"})
+		switch {
+		case su.plain:
+			rep.Rows = append(rep.Rows, []string{"plain directory", fmt.Sprintf("%.0f", benchutil.Median(su.mbps)), "1.00", ratio(su.xKIP), "–", "–", "–", "–"})
+			continue
+		case su.kip405:
+			rep.Rows = append(rep.Rows, []string{kip405Name, fmt.Sprintf("%.0f", benchutil.Median(su.mbps)), ratio(su.xPlain), "1.00", "–", "–", "–", "–"})
 			continue
 		}
-		x := "–"
-		if len(su.xPlain) > 0 {
-			x = fmt.Sprintf("%.2f", benchutil.Median(su.xPlain))
-		}
-		xA := "–"
-		if len(su.xA) > 0 {
-			xA = fmt.Sprintf("%.2f", benchutil.Median(su.xA))
-		}
 		rss := benchutil.Median(su.rss)
-		rep.Rows = append(rep.Rows, []string{su.row(), fmt.Sprintf("%.0f", benchutil.Median(su.mbps)), x, xA, fmt.Sprintf("%.0f", rss),
+		rep.Rows = append(rep.Rows, []string{su.row(), fmt.Sprintf("%.0f", benchutil.Median(su.mbps)), ratio(su.xPlain), ratio(su.xKIP), ratio(su.xA), fmt.Sprintf("%.0f", rss),
 			fmt.Sprintf("%.2f", rss/float64((su.budgetB>>20)+64)), fmt.Sprintf("%.2f", benchutil.Median(su.amp))})
 	}
 	u.Run()
@@ -253,7 +321,7 @@ func main() {
 }
 
 // produce writes records of 1 KB round-robin to the topic's partitions.
-func produce(br *kafka.Broker, partitions, records int) error {
+func produce(br *kafka.Broker, partitions, records int, configs map[string]*string) error {
 	// Uncompressed, and every value other bytes: what is stored is what
 	// was produced.
 	c, err := kgo.NewClient(kgo.SeedBrokers(br.Addr), kgo.ProducerLinger(5*time.Millisecond), kgo.RecordPartitioner(kgo.ManualPartitioner()),
@@ -262,7 +330,9 @@ func produce(br *kafka.Broker, partitions, records int) error {
 		return err
 	}
 	defer c.Close()
-	res, err := kadm.NewClient(c).CreateTopic(context.Background(), int32(partitions), 1, map[string]*string{"retention.ms": kadm.StringPtr("-1")}, topic)
+	cfg := map[string]*string{"retention.ms": kadm.StringPtr("-1")}
+	maps.Copy(cfg, configs)
+	res, err := kadm.NewClient(c).CreateTopic(context.Background(), int32(partitions), 1, cfg, topic)
 	if err == nil {
 		err = res.Err
 	}

@@ -188,3 +188,10 @@ func AllEvicted(dir string) bool {
 	}
 	return true
 }
+
+// LocalSegments counts the .log files of a partition dir: 1 once Kafka's
+// own tiered storage has deleted every rolled segment's local copy.
+func LocalSegments(dir string) int {
+	m, _ := filepath.Glob(filepath.Join(dir, "*.log"))
+	return len(m)
+}
