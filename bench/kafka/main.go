@@ -91,8 +91,8 @@ func main() {
 			"--local-retention-bytes", "1", "--tier-interval", "500ms"}},
 		{name: "Kafka tiered storage (KIP-405), local copies deleted", kip405: true},
 	}
-	if m, _ := filepath.Glob(filepath.Join(kafka.KIP405LibDir(), "kafka-storage-*-test.jar")); len(m) == 0 {
-		fmt.Fprintf(os.Stderr, "no Kafka tiered storage jars in %s (scripts/install-deps fetches them): measuring without it\n", kafka.KIP405LibDir())
+	if why := kafka.KIP405Available(); why != "" {
+		fmt.Fprintf(os.Stderr, "%s: measuring without it\n", why)
 		configs = configs[:len(configs)-1]
 	}
 	if *only != "" {

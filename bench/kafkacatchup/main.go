@@ -136,8 +136,8 @@ func main() {
 		setups = append(setups, &setup{plain: true})
 	}
 	if *kip {
-		if m, _ := filepath.Glob(filepath.Join(kafka.KIP405LibDir(), "kafka-storage-*-test.jar")); len(m) == 0 {
-			fmt.Fprintf(os.Stderr, "no Kafka tiered storage jars in %s (scripts/install-deps fetches them): measuring without it\n", kafka.KIP405LibDir())
+		if why := kafka.KIP405Available(); why != "" {
+			fmt.Fprintf(os.Stderr, "%s: measuring without it\n", why)
 		} else {
 			setups = append(setups, &setup{kip405: true})
 		}
@@ -203,10 +203,9 @@ func main() {
 		unix.Sync()
 		for _, su := range setups {
 			benchutil.DropCaches()
-			var n int64
-			d := benchutil.Time(func() { n, err = consume(su.br, records) })
+			_, mbps, err := timedConsume(su.br, records)
 			u.Check(err)
-			fmt.Fprintf(os.Stderr, "warm-up, %s: consume %.0f MB/s (not measured)\n", su.name(), float64(n)/1e6/d.Seconds())
+			fmt.Fprintf(os.Stderr, "warm-up, %s: consume %.0f MB/s (not measured)\n", su.name(), mbps)
 		}
 	}
 	for r := range *runs {
@@ -214,10 +213,9 @@ func main() {
 			su := setups[(k+r)%len(setups)]
 			if !su.mounted() {
 				benchutil.DropCaches()
-				var n int64
-				d := benchutil.Time(func() { n, err = consume(su.br, records) })
+				_, mbps, err := timedConsume(su.br, records)
 				u.Check(err)
-				su.mbps = append(su.mbps, float64(n)/1e6/d.Seconds())
+				su.mbps = append(su.mbps, mbps)
 				fmt.Fprintf(os.Stderr, "run %d, %s: consume %.0f MB/s\n", r+1, su.name(), su.mbps[r])
 				continue
 			}
@@ -235,8 +233,7 @@ func main() {
 			}
 			benchutil.DropCaches()
 			u.Check(procmem.ResetPeakRSS(su.pid))
-			var n int64
-			d := benchutil.Time(func() { n, err = consume(su.br, records) })
+			n, mbps, err := timedConsume(su.br, records)
 			u.Check(err)
 			rss, err := procmem.PeakRSS(su.pid)
 			u.Check(err)
@@ -244,7 +241,7 @@ func main() {
 			u.Check(err)
 			bytesAfter, err := benchutil.Metric(su.metrics, "tierfs_remote_fetch_bytes_total")
 			u.Check(err)
-			su.mbps = append(su.mbps, float64(n)/1e6/d.Seconds())
+			su.mbps = append(su.mbps, mbps)
 			su.rss = append(su.rss, float64(rss>>20))
 			// About 1.0 when every evicted chunk was fetched once (a
 			// little less: the newest segments are local).
@@ -365,6 +362,13 @@ func produce(br *kafka.Broker, partitions, records int, configs map[string]*stri
 	mu.Lock()
 	defer mu.Unlock()
 	return first
+}
+
+// timedConsume consumes n records from offset 0 (consume) and gives
+// the bytes of their values and their rate in MB/s.
+func timedConsume(br *kafka.Broker, n int) (bytes int64, mbps float64, err error) {
+	d := benchutil.Time(func() { bytes, err = consume(br, n) })
+	return bytes, float64(bytes) / 1e6 / d.Seconds(), err
 }
 
 // consume reads every partition from offset 0 until it has n records,

@@ -1,6 +1,9 @@
 package kafka
 
-import "maps"
+import (
+	"maps"
+	"path/filepath"
+)
 
 // KIP405Props are a broker's properties for Kafka's own tiered storage
 // (KIP-405), over props: the LocalTieredStorage remote storage manager
@@ -29,4 +32,14 @@ func KIP405Props(props map[string]string, dir string) map[string]string {
 func KIP405TopicConfigs() map[string]*string {
 	yes, one := "true", "1"
 	return map[string]*string{"remote.storage.enable": &yes, "local.retention.bytes": &one}
+}
+
+// KIP405Available says why Kafka's own tiered storage cannot run here
+// (its kafka-storage test jar, with LocalTieredStorage, is not in
+// KIP405LibDir), or "" if it can.
+func KIP405Available() string {
+	if m, _ := filepath.Glob(filepath.Join(KIP405LibDir(), "kafka-storage-*-test.jar")); len(m) == 0 {
+		return "no Kafka tiered storage jars in " + KIP405LibDir() + " (scripts/install-deps fetches them)"
+	}
+	return ""
 }
