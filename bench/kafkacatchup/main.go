@@ -4,8 +4,9 @@
 // chunk memory budget (--cache-bytes), a broker on a plain directory with
 // the same records (-plain), and one with Kafka's own tiered storage
 // (KIP-405, -kip405) on a plain directory with its local copies deleted,
-// all running at once and measured in turn, after a consume of
-// everything on each that is not measured (-warmup). For each budget:
+// all running at once and measured in turn, the others paused while one
+// is measured (-pause-others), after a consume of everything on each that
+// is not measured (-warmup). For each budget:
 // consume MB/s and its ratio to the plain directory's and to KIP-405's in
 // the same run, the mount's peak resident memory during the consume, and
 // bytes fetched per byte consumed. With -tierfs-b, each budget also gets
@@ -107,6 +108,8 @@ func main() {
 	plain := flag.Bool("plain", true, "also a broker on a plain directory, the anchor of the × plain column")
 	kip := flag.Bool("kip405", true, "also a broker with Kafka's own tiered storage (Kafka 4.3.0, LocalTieredStorage) on a plain directory, its local copies deleted, the anchor of the × KIP-405 column")
 	warmup := flag.Bool("warmup", true, "consume everything once on each broker before the measured runs, not measured (the first consume after producing is slower for whichever broker goes first)")
+	heap := flag.String("heap", "2g", "each broker's largest Java heap (-Xmx): Kafka's tiered storage ran out of 768m at 1,000 partitions, and a broker near its limit spends a core collecting")
+	pause := flag.Bool("pause-others", true, "stop the other brokers (SIGSTOP) while one is consumed from, so that their background work (KIP-405's tasks for every partition, say) does not take the two cores from the one measured")
 	flag.Parse()
 	u := benchutil.NewUndo("bench-kafkacatchup")
 	defer u.Run()
@@ -119,6 +122,13 @@ func main() {
 	u.Check(err)
 	dir, where := benchutil.WorkDir(u, os.TempDir(), "", 0)
 	props := map[string]string{"log.segment.bytes": fmt.Sprint(segBytes)}
+	if *pause {
+		// A broker and its controller are one process: paused for
+		// minutes, the controller would find its own broker's session
+		// expired when it goes on, fence it and take its partitions
+		// offline while the next consume starts.
+		props["broker.session.timeout.ms"] = fmt.Sprint((24 * time.Hour).Milliseconds())
+	}
 	records := *partitions * *mib << 20 / 1024
 
 	var setups []*setup
@@ -161,7 +171,7 @@ func main() {
 			su.pid = pid
 		}
 		work := filepath.Join(dir, fmt.Sprint(i), "broker")
-		opts := kafka.Options{LogDir: su.logDir, MetadataDir: filepath.Join(work, "metadata"), WorkDir: work, Props: props}
+		opts := kafka.Options{LogDir: su.logDir, MetadataDir: filepath.Join(work, "metadata"), WorkDir: work, Props: props, Heap: *heap}
 		var configs map[string]*string
 		if su.kip405 {
 			opts.Lib, opts.Props = kafka.KIP405LibDir(), kafka.KIP405Props(props, filepath.Join(dir, fmt.Sprint(i), "remote-storage"))
@@ -203,9 +213,9 @@ func main() {
 		unix.Sync()
 		for _, su := range setups {
 			benchutil.DropCaches()
-			_, mbps, err := timedConsume(su.br, records)
+			_, mbps, others, err := consumeAlone(setups, su, *pause, records)
 			u.Check(err)
-			fmt.Fprintf(os.Stderr, "warm-up, %s: consume %.0f MB/s (not measured)\n", su.name(), mbps)
+			fmt.Fprintf(os.Stderr, "warm-up, %s: consume %.0f MB/s (not measured), the others used %.1f CPU s\n", su.name(), mbps, others)
 		}
 	}
 	for r := range *runs {
@@ -213,10 +223,10 @@ func main() {
 			su := setups[(k+r)%len(setups)]
 			if !su.mounted() {
 				benchutil.DropCaches()
-				_, mbps, err := timedConsume(su.br, records)
+				_, mbps, others, err := consumeAlone(setups, su, *pause, records)
 				u.Check(err)
 				su.mbps = append(su.mbps, mbps)
-				fmt.Fprintf(os.Stderr, "run %d, %s: consume %.0f MB/s\n", r+1, su.name(), su.mbps[r])
+				fmt.Fprintf(os.Stderr, "run %d, %s: consume %.0f MB/s, the others used %.1f CPU s\n", r+1, su.name(), su.mbps[r], others)
 				continue
 			}
 			before, err := benchutil.Metric(su.metrics, "tierfs_remote_fetch_requests_total")
@@ -233,7 +243,7 @@ func main() {
 			}
 			benchutil.DropCaches()
 			u.Check(procmem.ResetPeakRSS(su.pid))
-			n, mbps, err := timedConsume(su.br, records)
+			n, mbps, others, err := consumeAlone(setups, su, *pause, records)
 			u.Check(err)
 			rss, err := procmem.PeakRSS(su.pid)
 			u.Check(err)
@@ -252,8 +262,8 @@ func main() {
 					counts = append(counts, fmt.Sprintf("%s %.0f", strings.TrimPrefix(m, "tierfs_"), v-diagBefore[i]))
 				}
 			}
-			fmt.Fprintf(os.Stderr, "run %d, %s: consume %.0f MB/s, peak RSS %d MiB, %.0f GETs, %.0f MB fetched (%s)\n",
-				r+1, su.name(), su.mbps[r], rss>>20, after-before, (bytesAfter-bytesBefore)/1e6, strings.Join(counts, ", "))
+			fmt.Fprintf(os.Stderr, "run %d, %s: consume %.0f MB/s, peak RSS %d MiB, %.0f GETs, %.0f MB fetched (%s), the others used %.1f CPU s\n",
+				r+1, su.name(), su.mbps[r], rss>>20, after-before, (bytesAfter-bytesBefore)/1e6, strings.Join(counts, ", "), others)
 		}
 		for _, su := range setups {
 			if anchor != nil && !su.plain {
@@ -283,11 +293,15 @@ func main() {
 	if kipAnchor != nil {
 		kipNote = fmt.Sprintf(" Kafka's own tiered storage is Kafka %s (its 4.4.0 test jar is not served) with the LocalTieredStorage remote storage manager writing to a directory on the same file system, the default topic-based metadata manager, and the topic with remote.storage.enable and local.retention.bytes 1: every rolled segment is read from its remote storage; × KIP-405: the median of per-run ratios to its consume rate.", kafka.VersionIn(kafka.KIP405LibDir()))
 	}
+	pauseNote := "the other brokers paused (SIGSTOP) during each consume"
+	if !*pause {
+		pauseNote = "the other brokers running during each consume (-pause-others=false)"
+	}
 	rep := benchutil.Report{
 		Name:  "kafkacatchup",
 		Title: "Kafka consumer catching up from offset 0, every rolled segment evicted",
-		Notes: []string{fmt.Sprintf("Kafka %s broker (KRaft, one node) on a tierfs mount with a dir store in %s, one broker and mount per --cache-bytes (and, with -plain, a broker on a plain directory in the same file system), measured in turn in an order that rotates, after one consume of everything on each that is not measured (-warmup); a topic of %d partitions, %d MiB of 1 KB records each, log.segment.bytes %s; one consumer (franz-go, a group of its own) reads every partition from offset 0 with the page cache dropped, so every rolled segment comes from the store (and, on the plain directory, from the disk); × plain: the median of per-run ratios of the consume rate to the plain directory's; × A (with -tierfs-b, a mount of a second build beside each budget's): the median of per-run ratios of build B's consume rate to build A's; peak RSS is the mount's VmHWM during the consume; medians of %d runs; %s.%s",
-			kafka.Version(), where, *partitions, *mib, *segmentBytes, *runs, benchutil.Machine(), kipNote)},
+		Notes: []string{fmt.Sprintf("Kafka %s broker (KRaft, one node, -Xmx%s) on a tierfs mount with a dir store in %s, one broker and mount per --cache-bytes (and, with -plain, a broker on a plain directory in the same file system), measured in turn in an order that rotates, %s, after one consume of everything on each that is not measured (-warmup); a topic of %d partitions, %d MiB of 1 KB records each, log.segment.bytes %s; one consumer (franz-go, a group of its own) reads every partition from offset 0 with the page cache dropped, so every rolled segment comes from the store (and, on the plain directory, from the disk); × plain: the median of per-run ratios of the consume rate to the plain directory's; × A (with -tierfs-b, a mount of a second build beside each budget's): the median of per-run ratios of build B's consume rate to build A's; peak RSS is the mount's VmHWM during the consume; medians of %d runs; %s.%s",
+			kafka.Version(), *heap, where, pauseNote, *partitions, *mib, *segmentBytes, *runs, benchutil.Machine(), kipNote)},
 		Header:   []string{"--cache-bytes", "consume MB/s", "× plain", "× KIP-405", "× A", "peak RSS of tierfs, MiB", "× (budget + 64 MiB)", "bytes fetched per byte consumed"},
 		Versions: map[string]string{"Kafka": kafka.Version()},
 	}
@@ -371,6 +385,45 @@ func timedConsume(br *kafka.Broker, n int) (bytes int64, mbps float64, err error
 	return bytes, float64(bytes) / 1e6 / d.Seconds(), err
 }
 
+// consumeAlone is timedConsume of su's broker with every other setup's
+// broker paused (with pause), and the CPU seconds the other setups'
+// brokers and mounts used meanwhile: all of them run on the same two
+// cores, and an idle broker is not idle (Kafka's tiered storage runs
+// tasks for every partition every 30 s).
+func consumeAlone(setups []*setup, su *setup, pause bool, n int) (bytes int64, mbps, others float64, err error) {
+	var rest []*setup
+	for _, o := range setups {
+		if o != su {
+			rest = append(rest, o)
+		}
+	}
+	cpu := func() float64 {
+		var sum float64
+		for _, o := range rest {
+			if s, err := o.br.CPUSeconds(); err == nil {
+				sum += s
+			}
+			if o.pid != 0 {
+				if s, err := procmem.CPUSeconds(o.pid); err == nil {
+					sum += s
+				}
+			}
+		}
+		return sum
+	}
+	if pause {
+		for _, o := range rest {
+			if err := o.br.Pause(); err != nil {
+				return 0, 0, 0, err
+			}
+			defer o.br.Resume()
+		}
+	}
+	before := cpu()
+	bytes, mbps, err = timedConsume(su.br, n)
+	return bytes, mbps, cpu() - before, err
+}
+
 // consume reads every partition from offset 0 until it has n records,
 // and returns the bytes of their values.
 func consume(br *kafka.Broker, n int) (int64, error) {
@@ -400,7 +453,8 @@ func consume(br *kafka.Broker, n int) (int64, error) {
 	return bytes, nil
 }
 
-// logProblems are the broker's problems (Broker.Problems) but the
+// logProblems are the broker's problems (Broker.Problems) but a
+// controller event that took as long as a pause, and the
 // appends it refused for a sequence number out of order: with a thousand
 // partitions the producer's idempotent batches reach the broker out of
 // order (tens of thousands of such lines in a minute of producing, with
@@ -412,6 +466,11 @@ func logProblems(br *kafka.Broker) []string {
 	skip := map[string]bool{}
 	for i := 0; i+1 < len(lines); i++ {
 		if strings.Contains(lines[i], "Error processing append operation") && strings.Contains(lines[i+1], "OutOfOrderSequenceException") {
+			skip[lines[i]] = true
+		}
+		// The event under way when the broker was paused (-pause-others)
+		// took as long as the pause.
+		if strings.Contains(lines[i], "Exceptionally slow controller event") {
 			skip[lines[i]] = true
 		}
 	}
