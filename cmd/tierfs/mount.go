@@ -106,6 +106,21 @@ func runMount(c *cli.Context) error {
 		}()
 		defer func() { signal.Stop(usr1); writeHeap() }()
 	}
+	// Where the mount's goroutines wait: a block profile (channel and
+	// lock waits of 10 µs or more) to FILE and a mutex profile (one
+	// contention in 5) to FILE.mutex, written when the mount ends.
+	if p := os.Getenv("TIERFS_BLOCKPROFILE"); p != "" {
+		runtime.SetBlockProfileRate(10_000)
+		runtime.SetMutexProfileFraction(5)
+		defer func() {
+			for name, path := range map[string]string{"block": p, "mutex": p + ".mutex"} {
+				if f, err := os.Create(path); err == nil {
+					pprof.Lookup(name).WriteTo(f, 0)
+					f.Close()
+				}
+			}
+		}()
+	}
 	sizes, err := sizeFlags(c, "local-retention-bytes", "local-retention-total-bytes", "cache-bytes")
 	if err != nil {
 		return err
