@@ -48,6 +48,7 @@ func main() {
 	only := flag.String("only", "", "run only the configurations whose name matches this regexp (the plain directory always runs)")
 	fsType := flag.String("fs", "ext4", "run the brokers on a fresh file system of this type (mkfs.TYPE on a loop device, as root); \"\" for a directory in $TMPDIR")
 	mountFlags := flag.String("mount-flags", "", "more tierfs mount flags for every mount, space-separated (e.g. --debug-fuse, whose log stays in the mount's tierfs.log only while the bench runs)")
+	storeDir := flag.String("store-dir", "", "put tierfs's dir store and Kafka's remote storage in a new directory under this one (a tmpfs such as /dev/shm, say) instead of on the brokers' file system: on one disk, tiering writes every byte twice to it, and the store's writes compete with the produce")
 	metricsDir := flag.String("metrics", "", "write each mount's metrics (Prometheus text) to this directory after the produce runs, to see where its time went")
 	flag.Parse()
 
@@ -73,6 +74,16 @@ func main() {
 	// Sparse: it takes what the brokers write (about 10 GB with the
 	// defaults: 400 MB a topic, 5 runs, 4 brokers, and the store).
 	dir, where := benchutil.WorkDir(u, parent, *fsType, 64<<30)
+	// Where the stores go: beside the brokers, or in a directory of
+	// their own under -store-dir.
+	stores, storesWhere := dir, "on the same file system"
+	if *storeDir != "" {
+		var err error
+		stores, err = os.MkdirTemp(*storeDir, "bench-kafka-stores-")
+		check(err)
+		u.Push(func() { os.RemoveAll(stores) })
+		storesWhere = "in " + *storeDir
+	}
 
 	type config struct {
 		name   string
@@ -87,7 +98,7 @@ func main() {
 		// trimmed and segment deleted, and logs every create and write.
 		{name: "tierfs --cm, no remote", mount: []string{"--cm"}},
 		{name: "tierfs --remote (dir store), evicted", remote: true, mount: []string{
-			"--remote", "file://" + filepath.Join(dir, "remote"), "--ship-after", "1s",
+			"--remote", "file://" + filepath.Join(stores, "remote"), "--ship-after", "1s",
 			"--local-retention-bytes", "1", "--tier-interval", "500ms"}},
 		{name: "Kafka tiered storage (KIP-405), local copies deleted", kip405: true},
 	}
@@ -141,12 +152,13 @@ func main() {
 			su.mountPID = pid
 		}
 		if cfg.remote {
-			su.store = filepath.Join(dir, "remote")
+			su.store = filepath.Join(stores, "remote")
 		}
 		work := filepath.Join(dir, fmt.Sprint(ci), "broker")
 		opts := kafka.Options{LogDir: su.logDir, MetadataDir: filepath.Join(work, "metadata"), WorkDir: work, Props: props}
 		if cfg.kip405 {
-			su.store = filepath.Join(dir, fmt.Sprint(ci), "remote-storage")
+			su.store = filepath.Join(stores, fmt.Sprint(ci), "remote-storage")
+			check(os.MkdirAll(filepath.Dir(su.store), 0o755))
 			opts.Lib, opts.Props = kafka.KIP405LibDir(), kafka.KIP405Props(props, su.store)
 		}
 		su.br, err = kafka.Start(opts)
@@ -254,7 +266,7 @@ func main() {
 		Title: "A real Kafka broker on tierfs",
 		Notes: []string{fmt.Sprintf("Kafka %s broker (KRaft, one node), log.segment.bytes %s, %s, %d records of 1 KB per topic, medians of %d runs (ratios: median of per-run ratios to the plain directory; × mount: to tierfs without a remote or cm); the brokers run at once on %s and take turns, in an order that rotates, each produce starting with nothing dirty; consume is from offset 0 with the page cache dropped, so evicted segments come from the store; %s.",
 			kafka.Version(), *segmentBytes, flushNote, *records, *runs, where, benchutil.Machine()),
-			fmt.Sprintf("Kafka's own tiered storage is Kafka %s (its 4.4.0 test jar, with LocalTieredStorage, is not served) with remote.log.storage.system.enable, the LocalTieredStorage remote storage manager of the kafka-storage test jar writing to a directory on the same file system, the default topic-based metadata manager, and topics with remote.storage.enable and local.retention.bytes 1: once copied, a rolled segment's local copy is deleted, and consumers from 0 read from remote storage. CPU seconds are those of the whole measurement (every produce and consume, and what the broker and the mount did in between: shipping, copying, deleting); store MB are the bytes of every file in the remote store or remote storage directory at the end (segments, indexes, manifests).", kafka.VersionIn(kafka.KIP405LibDir()))},
+			fmt.Sprintf("Kafka's own tiered storage is Kafka %s (its 4.4.0 test jar, with LocalTieredStorage, is not served) with remote.log.storage.system.enable, the LocalTieredStorage remote storage manager of the kafka-storage test jar writing to a directory %s (as tierfs's dir store), the default topic-based metadata manager, and topics with remote.storage.enable and local.retention.bytes 1: once copied, a rolled segment's local copy is deleted, and consumers from 0 read from remote storage. CPU seconds are those of the whole measurement (every produce and consume, and what the broker and the mount did in between: shipping, copying, deleting); store MB are the bytes of every file in the remote store or remote storage directory at the end (segments, indexes, manifests).", kafka.VersionIn(kafka.KIP405LibDir()), storesWhere)},
 		Header:   []string{"configuration", "produce MB/s", "× plain", "× mount", "consume from 0, MB/s", "records/s", "× plain", "× KIP-405", "broker CPU s", "tierfs CPU s", "store MB"},
 		Versions: map[string]string{"Kafka": kafka.Version(), "versitygw": "v1.8.0"},
 	}
