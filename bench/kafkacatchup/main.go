@@ -278,7 +278,7 @@ func main() {
 		}
 	}
 	for _, su := range setups {
-		if p := logProblems(su.br); len(p) > 0 {
+		if p := logProblems(su.br, *pause); len(p) > 0 {
 			// The work directory goes: keep the broker's whole log
 			// (the exceptions after each error line) and the mount's.
 			kept := filepath.Join(os.TempDir(), fmt.Sprintf("kafkacatchup-%d-%s", os.Getpid(), su.key()))
@@ -453,25 +453,29 @@ func consume(br *kafka.Broker, n int) (int64, error) {
 	return bytes, nil
 }
 
-// logProblems are the broker's problems (Broker.Problems) but a
-// controller event that took as long as a pause, and the
-// appends it refused for a sequence number out of order: with a thousand
+// logProblems are the broker's problems (Broker.Problems) but, if it
+// was paused (-pause-others), a controller event that took as long as a
+// pause, and the appends it refused for a sequence number out of order: with a thousand
 // partitions the producer's idempotent batches reach the broker out of
 // order (tens of thousands of such lines in a minute of producing, with
 // a produce request timeout of 10 s or of 2 minutes alike, the cause
 // not found), and the client sends them again; they say nothing about
 // the log.
-func logProblems(br *kafka.Broker) []string {
+func logProblems(br *kafka.Broker, paused bool) []string {
 	lines := strings.Split(br.Log(), "\n")
 	skip := map[string]bool{}
 	for i := 0; i+1 < len(lines); i++ {
 		if strings.Contains(lines[i], "Error processing append operation") && strings.Contains(lines[i+1], "OutOfOrderSequenceException") {
 			skip[lines[i]] = true
 		}
-		// The event under way when the broker was paused (-pause-others)
-		// took as long as the pause.
-		if strings.Contains(lines[i], "Exceptionally slow controller event") {
-			skip[lines[i]] = true
+	}
+	if paused {
+		// The event under way when the broker was paused took as long
+		// as the pause.
+		for _, l := range lines {
+			if strings.Contains(l, "Exceptionally slow controller event") {
+				skip[l] = true
+			}
 		}
 	}
 	var out []string
