@@ -455,12 +455,12 @@ func consume(br *kafka.Broker, n int) (int64, error) {
 
 // logProblems are the broker's problems (Broker.Problems) but, if it
 // was paused (-pause-others), a controller event that took as long as a
-// pause, and the appends it refused for a sequence number out of order: with a thousand
-// partitions the producer's idempotent batches reach the broker out of
-// order (tens of thousands of such lines in a minute of producing, with
-// a produce request timeout of 10 s or of 2 minutes alike, the cause
-// not found), and the client sends them again; they say nothing about
-// the log.
+// pause, and the appends it refused for a sequence number out of order:
+// with a thousand partitions the producer's idempotent batches reach the
+// broker out of order (tens of thousands of such lines in a minute of
+// producing, with a produce request timeout of 10 s or of 2 minutes
+// alike, the cause not found), and the client sends them again; they say
+// nothing about the log.
 func logProblems(br *kafka.Broker, paused bool) []string {
 	lines := strings.Split(br.Log(), "\n")
 	skip := map[string]bool{}

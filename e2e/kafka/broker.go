@@ -465,7 +465,10 @@ func (br *Broker) Running() bool {
 // Pause stops the broker's process (SIGSTOP) where it is, so that it
 // takes no CPU while another process is measured; Resume lets it go on.
 // A paused broker answers nothing: pause only brokers no client of the
-// measurement talks to.
+// measurement talks to. A broker is its own controller here, so one
+// paused for longer than broker.session.timeout.ms (9 s by default) is
+// fenced by it when it goes on: start a broker to be paused with that
+// property longer than any pause (bench/kafkacatchup sets a day).
 func (br *Broker) Pause() error { return br.send(syscall.SIGSTOP) }
 
 // Resume continues a paused broker (SIGCONT).
