@@ -22,6 +22,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"regexp"
 	"sort"
 	"strconv"
 	"strings"
@@ -43,6 +44,7 @@ func main() {
 	valueSize := flag.Int("value-size", 3000, "bytes of each record's value")
 	runs := flag.Int("runs", 3, "starts per configuration")
 	warm := flag.Bool("warm", false, "keep the page cache between starts (a restart on a running machine) instead of dropping it (a start after a reboot)")
+	perfDir := flag.String("perf", "", "if set, record each start system-wide with perf record -a -g into this directory (run-N-CONFIG.data)")
 	fsType := flag.String("fs", "ext4", "run on a fresh file system of this type (mkfs.TYPE on a loop device, as root); \"\" for a directory in $TMPDIR")
 	flag.Parse()
 
@@ -80,10 +82,14 @@ func main() {
 
 	type config struct {
 		name    string
+		short   string // in file names
 		logDir  string
 		backing string
 		metrics string // the tiered mount's metrics address
 		starts  []float64
+		// loads: the broker's own measure of its log loading in each
+		// start ("Loaded N logs in Xms"), in seconds.
+		loads []float64
 		// On the tiered mount: what each start cost.
 		moves, hydrated, fetched float64
 		localGrew                int64
@@ -91,11 +97,11 @@ func main() {
 		// seconds answering them.
 		ops, opSeconds map[string]float64
 	}
-	configs := []*config{{name: "plain directory", logDir: plain}}
+	configs := []*config{{name: "plain directory", short: "plain", logDir: plain}}
 	for i, c := range []struct {
-		name   string
-		remote bool
-	}{{"tierfs, no remote", false}, {"tierfs --remote (dir store), rolled segments evicted", true}} {
+		name, short string
+		remote      bool
+	}{{"tierfs, no remote", "mount", false}, {"tierfs --remote (dir store), rolled segments evicted", "remote", true}} {
 		base := filepath.Join(dir, fmt.Sprint(i+1))
 		backing, mnt := filepath.Join(base, "backing"), filepath.Join(base, "logs")
 		check(os.MkdirAll(base, 0o755))
@@ -103,7 +109,7 @@ func main() {
 		if out, err := exec.Command("cp", "-a", plain, backing).CombinedOutput(); err != nil {
 			check(fmt.Errorf("cp: %v %s", err, out))
 		}
-		cfg := &config{name: c.name, logDir: mnt, backing: backing, ops: map[string]float64{}, opSeconds: map[string]float64{}}
+		cfg := &config{name: c.name, short: c.short, logDir: mnt, backing: backing, ops: map[string]float64{}, opSeconds: map[string]float64{}}
 		cfg.metrics, err = benchutil.FreeAddr()
 		check(err)
 		args := []string{"--backing", backing, "--metrics-listen", cfg.metrics}
@@ -138,8 +144,14 @@ func main() {
 				benchutil.DropCaches()
 			}
 			var serr error
+			logFrom := len(br.Log())
+			stopPerf := startPerf(*perfDir, fmt.Sprintf("run-%d-%s.data", r+1, c.short))
 			d := benchutil.Time(func() { serr = br.Restart() })
+			stopPerf()
 			check(serr)
+			load, lerr := loadSeconds(br.Log()[logFrom:])
+			check(lerr)
+			c.loads = append(c.loads, load)
 			if c.metrics != "" {
 				ops, secs := fuseOps(c.metrics)
 				for op, n := range ops {
@@ -164,7 +176,7 @@ func main() {
 			}
 			check(br.Stop())
 			c.starts = append(c.starts, d.Seconds())
-			fmt.Fprintf(os.Stderr, "run %d, %s: start %.1f s\n", r+1, c.name, d.Seconds())
+			fmt.Fprintf(os.Stderr, "run %d, %s: start %.1f s, of which loading the logs %.1f s\n", r+1, c.name, d.Seconds(), load)
 		}
 	}
 	u.Run()
@@ -178,7 +190,7 @@ func main() {
 		Title: "A Kafka broker's start-up with many segments",
 		Notes: []string{fmt.Sprintf("Kafka %s broker (KRaft, one node), one topic of %d partitions with %d segments (%.0f MB of .log) that the broker wrote itself (segments rolled by segment.ms) and then stopped cleanly; the same log dir copied to each configuration. One broker is pointed at each in turn, in an order that rotates, %s; a start is timed from the process's start to \"Kafka Server started\", then the broker stops cleanly. Medians of %d starts; × plain and × mount: median of per-run ratios to the plain directory and to tierfs without a remote. On %s; %s.",
 			kafka.Version(), *partitions, segs, float64(bytes)/1e6, cacheNote, *runs, where, benchutil.Machine())},
-		Header:   []string{"configuration", "start-up, s", "× plain", "× mount", "moves", "bytes hydrated", "bytes fetched", "local bytes grew by"},
+		Header:   []string{"configuration", "start-up, s", "× plain", "× mount", "loading the logs, s", "× plain", "the rest, s", "moves", "bytes hydrated", "bytes fetched", "local bytes grew by"},
 		Versions: map[string]string{"Kafka": kafka.Version()},
 	}
 	chart := benchutil.Chart{Title: fmt.Sprintf("Kafka start-up, %d segments", segs), Unit: "s", LowerIsBetter: true}
@@ -191,8 +203,14 @@ func main() {
 		if c.metrics != "" {
 			costs = []string{fmt.Sprintf("%.0f", c.moves), fmt.Sprintf("%.0f", c.hydrated), fmt.Sprintf("%.0f", c.fetched), fmt.Sprint(c.localGrew)}
 		}
+		rest := make([]float64, len(c.starts))
+		for i := range rest {
+			rest[i] = c.starts[i] - c.loads[i]
+		}
 		rep.Rows = append(rep.Rows, append([]string{c.name, fmt.Sprintf("%.1f", benchutil.Median(c.starts)),
-			fmt.Sprintf("%.2f", benchutil.Median(benchutil.Ratios(c.starts, configs[0].starts))), vsMount}, costs...))
+			fmt.Sprintf("%.2f", benchutil.Median(benchutil.Ratios(c.starts, configs[0].starts))), vsMount,
+			fmt.Sprintf("%.2f", benchutil.Median(c.loads)), fmt.Sprintf("%.2f", benchutil.Median(benchutil.Ratios(c.loads, configs[0].loads))),
+			fmt.Sprintf("%.1f", benchutil.Median(rest))}, costs...))
 		chart.Bars = append(chart.Bars, benchutil.Bar{Label: c.name, Value: benchutil.Median(c.starts)})
 	}
 	for _, c := range configs[1:] {
@@ -213,6 +231,7 @@ func main() {
 		}
 		rep.After = append(rep.After, fmt.Sprintf("FUSE requests per start (from the process's start to \"Kafka Server started\"), %s: %s; in parentheses, tierfs's time answering them, summed over concurrent requests.", c.name, strings.Join(parts, ", ")))
 	}
+	rep.After = append(rep.After, "loading the logs: the broker's own measure of it in each start (its log line \"Loaded N logs in X ms\"); the rest: the start-up less that (the JVM, the controller, the broker's other start-up work).")
 	rep.After = append(rep.After, "moves, bytes hydrated and bytes fetched are summed over all starts of the tiered mount (each measured from just before the start to 3 s after \"Kafka Server started\"); local bytes grew by: the largest growth of the backing directory's allocated bytes over one start.")
 	if otherProblems > 0 {
 		rep.After = append(rep.After, fmt.Sprintf("The broker logged %d error lines in all starts, none about its log dir (they are in the benchmark's output).", otherProblems))
@@ -222,6 +241,43 @@ func main() {
 		fmt.Fprintln(os.Stderr, "bench-kafka-start:", err)
 		os.Exit(1)
 	}
+}
+
+// startPerf records the whole machine with perf into dir/name until the
+// returned function is called; nothing when dir is empty.
+func startPerf(dir, name string) (stop func()) {
+	if dir == "" {
+		return func() {}
+	}
+	if err := os.MkdirAll(dir, 0o755); err != nil {
+		fmt.Fprintln(os.Stderr, "perf:", err)
+		return func() {}
+	}
+	cmd := exec.Command("perf", "record", "-a", "-g", "-F", "499", "-o", filepath.Join(dir, name))
+	cmd.Stdout, cmd.Stderr = nil, nil
+	if err := cmd.Start(); err != nil {
+		fmt.Fprintln(os.Stderr, "perf:", err)
+		return func() {}
+	}
+	return func() {
+		cmd.Process.Signal(syscall.SIGINT)
+		cmd.Wait()
+	}
+}
+
+// loadedLogs is the broker's log line that ends its loading of the logs,
+// with how long that took.
+var loadedLogs = regexp.MustCompile(`Loaded [0-9]+ logs in ([0-9]+)ms`)
+
+// loadSeconds is how long the broker said its loading of the logs took,
+// from what it logged in one start.
+func loadSeconds(log string) (float64, error) {
+	m := loadedLogs.FindStringSubmatch(log)
+	if m == nil {
+		return 0, fmt.Errorf("the broker's start logged no line %q", loadedLogs)
+	}
+	ms, err := strconv.Atoi(m[1])
+	return float64(ms) / 1000, err
 }
 
 // produce writes rounds records to every partition (kafka.ProduceRounds).
