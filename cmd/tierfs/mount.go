@@ -193,7 +193,7 @@ func runMount(c *cli.Context) error {
 			// The chunks get what the rest of the mount leaves of
 			// the budget, so that what is live stays within it and
 			// the collector has goMemoryOverhead to work in.
-			defer memgov.Start(sizes["cache-bytes"], cache, log).Stop()
+			defer memgov.Start(sizes["cache-bytes"], goMemoryOverhead, cache, log).Stop()
 		}
 		if os.Getenv("GOGC") == "" {
 			// The tierer's catalogue is long-lived heap: collected
@@ -425,7 +425,8 @@ func sizeFlags(c *cli.Context, names ...string) (map[string]int64, error) {
 // goMemoryOverhead is the collector's margin: the Go runtime's memory
 // limit is the budget plus this. What is live stays within the budget
 // (internal/memgov gives the chunks what the rest of the mount leaves of
-// it), so the heap grows by this much between collections under load.
+// it, less the runtime's own headroom below the limit), so the heap grows
+// by this much between collections under load, whatever the budget.
 const goMemoryOverhead = 32 << 20
 
 // gcHeadroom is what the heap of a mount with a remote may grow by

@@ -12,12 +12,22 @@
 // BENCHMARKS.md). With one, what is live stays within the budget
 // and the margin is what the heap grows by between collections.
 //
+// The runtime keeps its heap goal below the memory limit by a share of
+// the limit of its own (runtimeHeadroomPercent), which a fixed margin
+// does not hold at every budget: at 1 GiB it is the whole of 32 MiB,
+// and the collector ran back to back again (the catch-up on 1,000
+// partitions ran at half the speed of a 256 MiB budget, BENCHMARKS.md).
+// So the pool also leaves that share: what is live stays below the
+// runtime's goal by the margin, whatever the budget.
+//
 // Like internal/gctune it runs after each collection (internal/aftergc),
 // so an idle process pays nothing for it.
 package memgov
 
 import (
 	"log/slog"
+	"math"
+	"runtime/debug"
 	"runtime/metrics"
 	"sync"
 
@@ -25,8 +35,14 @@ import (
 )
 
 // hysteresis: the room changes only by a 1/hysteresis of the budget or
-// more (8 MiB of 256 MiB, a quarter of the collector's margin).
+// more (8 MiB of 256 MiB), and at most by a quarter of the margin (at
+// 1 GiB a 1/hysteresis would be all of a 32 MiB margin).
 const hysteresis = 32
+
+// runtimeHeadroomPercent is the share of the memory limit (less the
+// memory outside the heap) the Go runtime keeps its heap goal below the
+// limit by: memoryLimitHeapGoalHeadroomPercent in runtime/mgcpacer.go.
+const runtimeHeadroomPercent = 3
 
 // Pool is the memory a Governor makes room for.
 type Pool interface {
@@ -41,6 +57,7 @@ type Pool interface {
 // Governor sets a Pool's room after each collection.
 type Governor struct {
 	budget int64
+	margin int64 // what the heap grows by between collections
 	pool   Pool
 	log    *slog.Logger
 
@@ -94,12 +111,14 @@ func Rest(m Memory, poolUsed int64) int64 {
 }
 
 // Start governs pool's room within budget bytes until Stop, measuring
-// once now and then after every collection.
-func Start(budget int64, pool Pool, log *slog.Logger) *Governor {
+// once now and then after every collection. margin is what the heap
+// should have to grow into between collections, above what is live: the
+// caller sets the runtime's memory limit to the budget plus it.
+func Start(budget, margin int64, pool Pool, log *slog.Logger) *Governor {
 	if log == nil {
 		log = slog.New(slog.DiscardHandler)
 	}
-	g := &Governor{budget: budget, pool: pool, log: log, room: budget}
+	g := &Governor{budget: budget, margin: margin, pool: pool, log: log, room: budget}
 	g.measure()
 	aftergc.Run(g.measure)
 	return g
@@ -122,18 +141,30 @@ func (g *Governor) Room() (room, rest int64) {
 	return g.room, g.rest
 }
 
+// RoomFor is what a pool may hold beside rest, within budget and below the
+// heap goal the runtime keeps at memory limit limit (math.MaxInt64: none)
+// by margin: the heap then has margin to grow into between collections.
+func RoomFor(budget, margin, limit, rest int64) int64 {
+	room := budget - rest
+	if limit < math.MaxInt64 {
+		room = min(room, limit-limit/100*runtimeHeadroomPercent-margin-rest)
+	}
+	return room
+}
+
 // measure sets the pool's room from the memory now; false once stopped.
 func (g *Governor) measure() bool {
 	m := ReadMemory()
 	rest := Rest(m, g.pool.Used())
-	room := g.budget - rest
+	room := RoomFor(g.budget, g.margin, debug.SetMemoryLimit(-1), rest)
 	g.mu.Lock()
 	defer g.mu.Unlock()
 	if g.stopped {
 		return false
 	}
 	g.passes++
-	if d := room - g.room; d < g.budget/hysteresis && -d < g.budget/hysteresis {
+	step := min(g.budget/hysteresis, max(1, g.margin/4))
+	if d := room - g.room; d < step && -d < step {
 		// A small change is left for a larger one: a pool that lets
 		// buffers go at one collection and allocates them again at the
 		// next makes garbage for the collector.

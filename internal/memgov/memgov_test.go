@@ -3,7 +3,9 @@ package memgov
 import (
 	"context"
 	"log/slog"
+	"math"
 	"runtime"
+	"runtime/debug"
 	"sync"
 	"testing"
 	"time"
@@ -85,7 +87,7 @@ func TestGovernorGivesThePoolWhatTheRestLeaves(t *testing.T) {
 	const mib = 1 << 20
 	p := &fakePool{}
 	runtime.GC() // what other tests kept is not live
-	g := Start(budget, p, nil)
+	g := Start(budget, 32*mib, p, nil)
 	defer g.Stop()
 	base := collect(t, g)
 	if base > budget || base < budget-64*mib {
@@ -169,7 +171,7 @@ func TestGovernorWarnsOnceWhenThePoolCannotYield(t *testing.T) {
 	p := &flooredPool{floor: 48 * mib}
 	h := &logged{levels: map[slog.Level]int{}}
 	runtime.GC()
-	g := Start(64*mib, p, slog.New(h))
+	g := Start(64*mib, 32*mib, p, slog.New(h))
 	defer g.Stop()
 	collect(t, g)
 	if n := h.count(slog.LevelWarn); n != 0 {
@@ -205,7 +207,7 @@ func TestGovernorLeavesSmallChangesAlone(t *testing.T) {
 	const mib = 1 << 20
 	p := &fakePool{}
 	runtime.GC()
-	g := Start(budget, p, nil)
+	g := Start(budget, 8*budget/hysteresis, p, nil) // a margin of 256 MiB: steps of a 1/hysteresis
 	defer g.Stop()
 	base := collect(t, g)
 	_, sets := p.state()
@@ -232,4 +234,65 @@ func TestGovernorLeavesSmallChangesAlone(t *testing.T) {
 	}
 	runtime.KeepAlive(small)
 	runtime.KeepAlive(large)
+}
+
+// TestRoomLeavesTheRuntimesHeadroom: under a memory limit of the budget
+// plus the margin, the pool's room leaves the share of the limit the
+// runtime keeps its heap goal below it by, so that what is live stays
+// the margin below the goal at any budget; with a limit far above the
+// budget, or none, the room is what the rest leaves of the budget.
+func TestRoomLeavesTheRuntimesHeadroom(t *testing.T) {
+	const mib = 1 << 20
+	for _, budget := range []int64{64 * mib, 256 * mib, 1 << 30, 8 << 30} {
+		const margin, rest = 32 * mib, 40 * mib
+		limit := budget + margin
+		room := RoomFor(budget, margin, limit, rest)
+		if want := budget - limit/100*runtimeHeadroomPercent - rest; room != want {
+			t.Errorf("budget %d MiB: room %d, want %d", budget/mib, room, want)
+		}
+		// The heap at the runtime's goal (less what is outside it,
+		// here nothing) is the margin above the pool and the rest.
+		goal := limit - limit/100*runtimeHeadroomPercent
+		if grow := goal - room - rest; grow != margin {
+			t.Errorf("budget %d MiB: the heap grows by %d MiB between collections, want the margin", budget/mib, grow/mib)
+		}
+		if got := RoomFor(budget, margin, math.MaxInt64, rest); got != budget-rest {
+			t.Errorf("budget %d MiB, no limit: room %d, want %d", budget/mib, got, budget-rest)
+		}
+		if got := RoomFor(budget, margin, 4*budget, rest); got != budget-rest {
+			t.Errorf("budget %d MiB, a limit of 4 budgets: room %d, want %d", budget/mib, got, budget-rest)
+		}
+	}
+}
+
+// TestGovernorUnderAMemoryLimit: with the runtime's memory limit set to
+// the budget plus the margin, as the mount sets it, the governor gives
+// the pool RoomFor's room, and follows changes of a quarter of the
+// margin (at 1 GiB a 1/hysteresis of the budget is the whole margin).
+func TestGovernorUnderAMemoryLimit(t *testing.T) {
+	const mib = 1 << 20
+	const budget, margin = 1 << 30, 32 * mib
+	old := debug.SetMemoryLimit(budget + margin)
+	defer debug.SetMemoryLimit(old)
+	p := &fakePool{}
+	runtime.GC()
+	g := Start(budget, margin, p, nil)
+	defer g.Stop()
+	base := collect(t, g)
+	_, rest := g.Room()
+	step := int64(margin / 4)
+	if want := RoomFor(budget, margin, budget+margin, rest); base > want+step || base < want-step {
+		t.Fatalf("room %d MiB with the rest at %d MiB, want about %d", base/mib, rest/mib, want/mib)
+	}
+	if base > budget-(budget+margin)/100*runtimeHeadroomPercent {
+		t.Fatalf("room %d MiB leaves the runtime no headroom below its goal", base/mib)
+	}
+	more := make([][]byte, 16)
+	for i := range more {
+		more[i] = make([]byte, mib)
+	}
+	if room := collect(t, g); base-room < 16*mib-step || base-room > 16*mib+step {
+		t.Fatalf("16 MiB more kept moved the room from %d to %d MiB", base/mib, room/mib)
+	}
+	runtime.KeepAlive(more)
 }
