@@ -18,10 +18,10 @@ import (
 	"flag"
 	"fmt"
 	"io"
+	"math"
 	"os"
 	"os/exec"
 	"path/filepath"
-	"strconv"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -29,6 +29,7 @@ import (
 
 	"github.com/tierfs/tierfs/bench/internal/benchutil"
 	"github.com/tierfs/tierfs/idx/kafka/kafkatest"
+	"github.com/tierfs/tierfs/internal/procmem"
 )
 
 func main() {
@@ -157,17 +158,13 @@ func gcs(logPath string) int {
 	return n
 }
 
-// cpuSeconds is the user and system CPU time of process pid so far.
+// cpuSeconds is the CPU time process pid has used so far.
 func cpuSeconds(pid int) float64 {
-	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid))
+	s, err := procmem.CPUSeconds(pid)
 	if err != nil {
-		return 0
+		return math.NaN()
 	}
-	s := string(b)
-	f := strings.Fields(s[strings.LastIndex(s, ")")+2:])
-	ut, _ := strconv.ParseFloat(f[11], 64)
-	st, _ := strconv.ParseFloat(f[12], 64)
-	return (ut + st) / 100
+	return s
 }
 
 // copyTree copies the directory src to dst (cp -a).
