@@ -106,9 +106,7 @@ func main() {
 		backing, mnt := filepath.Join(base, "backing"), filepath.Join(base, "logs")
 		check(os.MkdirAll(base, 0o755))
 		check(os.MkdirAll(mnt, 0o755))
-		if out, err := exec.Command("cp", "-a", plain, backing).CombinedOutput(); err != nil {
-			check(fmt.Errorf("cp: %v %s", err, out))
-		}
+		check(benchutil.CopyTree(plain, backing))
 		cfg := &config{name: c.name, short: c.short, logDir: mnt, backing: backing, ops: map[string]float64{}, opSeconds: map[string]float64{}}
 		cfg.metrics, err = benchutil.FreeAddr()
 		check(err)
@@ -392,10 +390,8 @@ func evictedAll(mnt string, partitions int) bool {
 		if strings.Contains(p, "__") {
 			continue
 		}
-		for _, l := range logs[:max(len(logs)-1, 0)] {
-			if benchutil.Xattr(l, "user.tierfs.state") != "remote" {
-				return false
-			}
+		if !benchutil.AllRemote(logs[:max(len(logs)-1, 0)]) {
+			return false
 		}
 	}
 	return true

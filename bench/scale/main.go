@@ -127,8 +127,8 @@ func run(c config) error {
 	if c.follower {
 		// The follower's replica: the same bytes, before any mount
 		// marked a file.
-		if out, err := exec.Command("cp", "-a", backing, fbacking).CombinedOutput(); err != nil {
-			return fmt.Errorf("cp: %v %s", err, out)
+		if err := benchutil.CopyTree(backing, fbacking); err != nil {
+			return err
 		}
 	}
 	addr, err := benchutil.FreeAddr()

@@ -118,14 +118,11 @@ func main() {
 	}
 	unmount, _ := mount()
 	fmt.Fprintln(os.Stderr, "waiting for every segment to ship and be evicted")
-	check(benchutil.WaitFor(func() bool {
-		for _, s := range segs {
-			if benchutil.Xattr(filepath.Join(mnt, s), "user.tierfs.state") != "remote" {
-				return false
-			}
-		}
-		return true
-	}, 30*time.Minute, "eviction"))
+	segPaths := make([]string, len(segs))
+	for i, s := range segs {
+		segPaths[i] = filepath.Join(mnt, s)
+	}
+	check(benchutil.WaitFor(func() bool { return benchutil.AllRemote(segPaths) }, 30*time.Minute, "eviction"))
 	keys := make([]string, len(segs))
 	for i, s := range segs {
 		keys[i] = "kafka/" + benchutil.Xattr(filepath.Join(mnt, s), "user.tierfs.rdi")

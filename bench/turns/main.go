@@ -20,7 +20,6 @@ import (
 	"io"
 	"math"
 	"os"
-	"os/exec"
 	"path/filepath"
 	"strings"
 	"sync"
@@ -58,7 +57,7 @@ func main() {
 		for _, d := range []string{mnt, remote} {
 			check(os.MkdirAll(d, 0o755))
 		}
-		check(copyTree(logs, backing))
+		check(benchutil.CopyTree(logs, backing))
 		logPath := filepath.Join(base, "tierfs.log")
 		unmount, pid, err := benchutil.MountProc(tierfsBin, logPath, []string{"GODEBUG=gctrace=1"}, "--backing", backing, "--remote", "file://"+remote,
 			"--ship-after", "0s", "--local-retention-bytes", "1", "--tier-interval", "500ms", "--cache-bytes", budget, mnt)
@@ -66,14 +65,7 @@ func main() {
 		u.Push(unmount)
 		files, err := filepath.Glob(filepath.Join(mnt, "turns-*", "00000000000000000000.log"))
 		check(err)
-		check(benchutil.WaitFor(func() bool {
-			for _, f := range files {
-				if benchutil.Xattr(f, "user.tierfs.state") != "remote" {
-					return false
-				}
-			}
-			return true
-		}, 30*time.Minute, "every rolled segment evicted"))
+		check(benchutil.WaitFor(func() bool { return benchutil.AllRemote(files) }, 30*time.Minute, "every rolled segment evicted"))
 		for r := range *rounds {
 			benchutil.DropCaches()
 			gc0, cpu0 := gcs(logPath), cpuSeconds(pid)
@@ -125,7 +117,7 @@ func readInTurns(files []string, readers, turn int) (int64, error) {
 						more = true
 						total.Add(int64(n))
 					}
-					if err != nil && n == 0 && !isEOF(err) {
+					if err != nil && n == 0 && !errors.Is(err, io.EOF) {
 						errs <- fmt.Errorf("%s at %d: %w", f.Name(), off, err)
 						return
 					}
@@ -140,8 +132,6 @@ func readInTurns(files []string, readers, turn int) (int64, error) {
 	close(errs)
 	return total.Load(), <-errs
 }
-
-func isEOF(err error) bool { return errors.Is(err, io.EOF) }
 
 // gcs counts the collections the mount's log shows (GODEBUG=gctrace=1).
 func gcs(logPath string) int {
@@ -165,12 +155,4 @@ func cpuSeconds(pid int) float64 {
 		return math.NaN()
 	}
 	return s
-}
-
-// copyTree copies the directory src to dst (cp -a).
-func copyTree(src, dst string) error {
-	if out, err := exec.Command("cp", "-a", src, dst).CombinedOutput(); err != nil {
-		return fmt.Errorf("cp: %v %s", err, out)
-	}
-	return nil
 }

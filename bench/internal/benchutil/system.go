@@ -181,12 +181,27 @@ func AllEvicted(dir string) bool {
 	if len(logs) < 3 {
 		return false
 	}
-	for _, l := range logs[:len(logs)-2] {
-		if Xattr(l, "user.tierfs.state") != "remote" {
+	return AllRemote(logs[:len(logs)-2])
+}
+
+// AllRemote says whether every one of files is remote (evicted) on its
+// tierfs mount.
+func AllRemote(files []string) bool {
+	for _, f := range files {
+		if Xattr(f, "user.tierfs.state") != "remote" {
 			return false
 		}
 	}
 	return true
+}
+
+// CopyTree copies the directory src to dst with cp -a (its files'
+// extended attributes and times too).
+func CopyTree(src, dst string) error {
+	if out, err := exec.Command("cp", "-a", src, dst).CombinedOutput(); err != nil {
+		return fmt.Errorf("cp: %v %s", err, out)
+	}
+	return nil
 }
 
 // LocalSegments counts the .log files of a partition dir: 1 once Kafka's
