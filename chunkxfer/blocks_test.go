@@ -188,7 +188,7 @@ func TestBlockChecksumsOfResumedUpload(t *testing.T) {
 	up.afterPart = func(n int32) {
 		if n == 2 {
 			up.afterPart = nil
-			m.Inject(store.Fault{Op: store.OpPart, Err: boom, Times: 100})
+			m.Inject(store.Fault{Op: store.OpUploadPart, Err: boom, Times: 100})
 		}
 	}
 	if _, err := up.Upload(ctx, path, "k"); err == nil {

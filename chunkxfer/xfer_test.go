@@ -574,13 +574,13 @@ func TestUploadFinishesACompletedUpload(t *testing.T) {
 	if _, err := up.Upload(ctx, path, "k"); err == nil {
 		t.Fatal("manifest fault did not fail the upload")
 	}
-	parts := m.Calls(store.OpPart)
+	parts := m.Calls(store.OpUploadPart)
 	man, err := up.Upload(ctx, path, "k")
 	if err != nil {
 		t.Fatal(err)
 	}
-	if m.Calls(store.OpPart) != parts || m.Calls(store.OpCreate) != 1 {
-		t.Fatalf("the file was sent again: %d parts before, %d after, %d uploads", parts, m.Calls(store.OpPart), m.Calls(store.OpCreate))
+	if m.Calls(store.OpUploadPart) != parts || m.Calls(store.OpCreateMultipart) != 1 {
+		t.Fatalf("the file was sent again: %d parts before, %d after, %d uploads", parts, m.Calls(store.OpUploadPart), m.Calls(store.OpCreateMultipart))
 	}
 	if got, _ := store.ReadAll(m.Get(ctx, "k", 0, -1, store.GetOptions{})); !bytes.Equal(got, want) || man.Size != int64(len(want)) {
 		t.Fatal("object differs")
@@ -623,7 +623,7 @@ func TestUploadPacedWithProgress(t *testing.T) {
 	lim := &countingLimiter{}
 	up := &Uploader{Store: s, JournalDir: filepath.Join(dir, "journal"), ChunkSize: cs, Parallel: 1, Limit: lim}
 	// The third part fails: the upload stops with two confirmed.
-	s.Inject(store.Fault{Op: store.OpPart, Skip: 2, Err: errors.New("injected")})
+	s.Inject(store.Fault{Op: store.OpUploadPart, Skip: 2, Err: errors.New("injected")})
 	var seen []int64
 	if _, err := up.UploadProgress(ctx, path, "k", func(done, total int64) { seen = append(seen, done) }); err == nil {
 		t.Fatal("upload did not fail")
@@ -651,7 +651,7 @@ func TestUploadPacedWithProgress(t *testing.T) {
 	// An upload given up for good: its journal and parts go.
 	path2 := filepath.Join(dir, "g")
 	randomFile(t, path2, 3*cs, 2)
-	s.Inject(store.Fault{Op: store.OpPart, Skip: 1, Err: errors.New("injected")})
+	s.Inject(store.Fault{Op: store.OpUploadPart, Skip: 1, Err: errors.New("injected")})
 	if _, err := up.Upload(ctx, path2, "g"); err == nil {
 		t.Fatal("upload did not fail")
 	}
@@ -679,7 +679,7 @@ func TestSmallUploadIsOneRequest(t *testing.T) {
 	path := filepath.Join(dir, "f")
 	want := randomFile(t, path, 5000, 9)
 	m := store.NewMem(nil)
-	m.Inject(store.Fault{Op: store.OpCreate, Err: errors.New("no multipart for a small object")})
+	m.Inject(store.Fault{Op: store.OpCreateMultipart, Err: errors.New("no multipart for a small object")})
 	m.Inject(store.Fault{Op: store.OpPut, KeyPrefix: "k", Times: 1, Err: errors.New("injected 503")})
 	jd := filepath.Join(dir, "journal")
 	up := &Uploader{Store: m, JournalDir: jd, ChunkSize: cs}
@@ -701,7 +701,7 @@ func TestSmallUploadIsOneRequest(t *testing.T) {
 	// A multipart upload of a larger version was cut short (its journal
 	// and its upload are left); the file is now small.
 	want = randomFile(t, path, 3*cs, 10)
-	m.Inject(store.Fault{Op: store.OpComplete, Err: errors.New("cut short")})
+	m.Inject(store.Fault{Op: store.OpCompleteMultipart, Err: errors.New("cut short")})
 	if _, err := up.Upload(ctx, path, "k2"); err == nil {
 		t.Fatal("the cut upload succeeded")
 	}

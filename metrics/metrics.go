@@ -19,6 +19,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus/promhttp"
 
 	"github.com/tierfs/tierfs/chunkxfer"
+	"github.com/tierfs/tierfs/chunkxfer/store"
 	"github.com/tierfs/tierfs/cm"
 	"github.com/tierfs/tierfs/internal/tiered"
 	"github.com/tierfs/tierfs/tiering"
@@ -110,6 +111,16 @@ func RegisterCM(reg *prometheus.Registry, c CM) {
 		func() float64 { f, _ := c.Retained(); return float64(f) }))
 	reg.MustRegister(prometheus.NewGaugeFunc(prometheus.GaugeOpts{Name: "tierfs_cm_pending_files", Help: "Originals waiting to be named by checksum."},
 		func() float64 { return float64(c.Pending()) }))
+}
+
+// RegisterStore adds the requests a mount made to its store, by op:
+// what an object store bills by.
+func RegisterStore(reg *prometheus.Registry, r *store.Requests) {
+	for op := store.OpAny + 1; op < store.NumOps; op++ {
+		l := prometheus.Labels{"op": op.String()}
+		labelled(reg, "tierfs_store_requests_total", "Requests made to the store, by op (get, head, put, put_if, delete, list, and the multipart upload's), whatever their outcome.", l, func() int64 { n, _ := r.Count(op); return n })
+		labelled(reg, "tierfs_store_request_errors_total", "Of tierfs_store_requests_total, those that failed (a missing key and a failed condition included).", l, func() int64 { _, f := r.Count(op); return f })
+	}
 }
 
 func counter(reg *prometheus.Registry, name, help string, load func() int64) {

@@ -37,7 +37,8 @@ func TestMetricsOfATierer(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer cache.Close()
-	tr, err := tiering.New(tiering.Config{Root: root, StateDir: filepath.Join(root, ".tierfs"), Store: store.NewMem(nil),
+	var requests store.Requests
+	tr, err := tiering.New(tiering.Config{Root: root, StateDir: filepath.Join(root, ".tierfs"), Store: store.Counted(store.NewMem(nil), &requests),
 		Policy: tiering.Policy{ShipAfter: time.Minute}, LocalRetentionBytes: 1, ChunkSize: 64 << 10, Pool: cache})
 	if err != nil {
 		t.Fatal(err)
@@ -65,7 +66,9 @@ func TestMetricsOfATierer(t *testing.T) {
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
 	log := slog.New(slog.DiscardHandler)
-	if err := Serve(ctx, addr, Registry(tr, cache, log), log); err != nil {
+	reg := Registry(tr, cache, log)
+	RegisterStore(reg, &requests)
+	if err := Serve(ctx, addr, reg, log); err != nil {
 		t.Fatal(err)
 	}
 	if err := Serve(ctx, addr, Registry(tr, cache, log), log); err == nil {
@@ -102,10 +105,23 @@ func TestMetricsOfATierer(t *testing.T) {
 	}
 	for _, positive := range []string{"tierfs_remote_copy_bytes_total", "tierfs_remote_fetch_bytes_total", "tierfs_remote_fetch_requests_total",
 		`tierfs_chunk_memory_bytes{kind="cache"}`,
-		`tierfs_remote_log_size_bytes{partition="orders-0"}`, `tierfs_local_log_size_bytes{partition="orders-1"}`, `tierfs_remote_copy_lag_bytes{partition="orders-1"}`} {
+		`tierfs_remote_log_size_bytes{partition="orders-0"}`, `tierfs_local_log_size_bytes{partition="orders-1"}`, `tierfs_remote_copy_lag_bytes{partition="orders-1"}`,
+		`tierfs_store_requests_total{op="put"}`, `tierfs_store_requests_total{op="put_if"}`, `tierfs_store_requests_total{op="get"}`} {
 		if v := value(text, positive); v <= 0 {
 			t.Errorf("%s = %v, want > 0", positive, v)
 		}
+	}
+	// Every request is under one op, and the scrape saw them all.
+	var sum float64
+	for op := store.OpAny + 1; op < store.NumOps; op++ {
+		v := value(text, `tierfs_store_requests_total{op="`+op.String()+`"}`)
+		if v < 0 {
+			t.Errorf("no requests of %v in the scrape", op)
+		}
+		sum += v
+	}
+	if sum != float64(requests.Total()) {
+		t.Errorf("the scrape counts %v requests, the store %d", sum, requests.Total())
 	}
 }
 

@@ -199,7 +199,7 @@ func TestDeletionResumesAfterFailure(t *testing.T) {
 	seg := filepath.Join(root, "orders-0", kafkaName(bases["orders-0"][0], ".log"))
 	rec, _, _ := readRecord(seg)
 	os.Remove(seg)
-	s.Inject(store.Fault{Op: "delete", KeyPrefix: rec.Key, Skip: 1, Times: 1, Err: errors.New("injected")})
+	s.Inject(store.Fault{Op: store.OpDelete, KeyPrefix: rec.Key, Skip: 1, Times: 1, Err: errors.New("injected")})
 	rep := tr.RunOnce(context.Background())
 	if len(rep.Errors) != 1 || rep.Deleted != 0 {
 		t.Fatalf("report %+v", rep)

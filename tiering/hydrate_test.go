@@ -106,11 +106,11 @@ func TestHydrate(t *testing.T) {
 	}
 	// Its remote copy is still good: it is evicted again without an
 	// upload, and hydrating a local file does nothing.
-	puts := s.Calls(store.OpPut) + s.Calls(store.OpPart)
+	puts := s.Calls(store.OpPut) + s.Calls(store.OpUploadPart)
 	if st, err := tr.EvictNow(ctx, rel, nil); err != nil || st != StateRemote {
 		t.Fatalf("evict again: %s %v", st, err)
 	}
-	if n := s.Calls(store.OpPut) + s.Calls(store.OpPart); n != puts {
+	if n := s.Calls(store.OpPut) + s.Calls(store.OpUploadPart); n != puts {
 		t.Errorf("evicting a hydrated segment uploaded %d times", n-puts)
 	}
 	other := "orders-0/" + kafkaName(bases["orders-0"][0], ".log")

@@ -32,7 +32,7 @@ func TestMirror(t *testing.T) {
 	}
 	defer reader.Close()
 	writes := func() int {
-		return s.Calls(store.OpPut) + s.Calls(store.OpPart) + s.Calls(store.OpCreate) + s.Calls(store.OpDelete)
+		return s.Calls(store.OpPut) + s.Calls(store.OpUploadPart) + s.Calls(store.OpCreateMultipart) + s.Calls(store.OpDelete)
 	}
 	before := writes()
 	ctx := context.Background()

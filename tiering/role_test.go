@@ -264,7 +264,7 @@ func TestIndexChangedWhileReadIsNoError(t *testing.T) {
 	mustPass(t, shareTierer(t, b1, s, RoleLeader))
 	t2 := shareTierer(t, b2, s, RoleFollower)
 	changed := fmt.Errorf("the index changed: %w", store.ErrPrecondition)
-	s.Inject(store.Fault{Op: "get", KeyPrefix: "orders-0/" + idx.FileName, Times: maxIndexTries, Err: changed})
+	s.Inject(store.Fault{Op: store.OpGet, KeyPrefix: "orders-0/" + idx.FileName, Times: maxIndexTries, Err: changed})
 	rep := mustPass(t, t2)
 	if rep.Shipped != 0 {
 		t.Fatalf("mapped %d with the index changing at every read", rep.Shipped)
@@ -273,7 +273,7 @@ func TestIndexChangedWhileReadIsNoError(t *testing.T) {
 		t.Fatalf("partition's last error and reason: %+v", why)
 	}
 	s.ClearFaults()
-	s.Inject(store.Fault{Op: "get", KeyPrefix: "orders-0/" + idx.FileName, Times: maxIndexTries - 1, Err: changed})
+	s.Inject(store.Fault{Op: store.OpGet, KeyPrefix: "orders-0/" + idx.FileName, Times: maxIndexTries - 1, Err: changed})
 	if rep := mustPass(t, t2); rep.Shipped != 2 {
 		t.Fatalf("mapped %d once the index was read on the last try", rep.Shipped)
 	}

@@ -399,7 +399,7 @@ func TestShipRequestsPerSegment(t *testing.T) {
 	if gets != rep.Shipped {
 		t.Errorf("%d gets for %d segments, want one each (the check of the copy)", gets, rep.Shipped)
 	}
-	if n := s.Calls(store.OpCreate) + s.Calls(store.OpList); n != 0 {
+	if n := s.Calls(store.OpCreateMultipart) + s.Calls(store.OpList); n != 0 {
 		t.Errorf("%d multipart or list requests", n)
 	}
 	if heads > 1 {

@@ -167,6 +167,11 @@ func run(c config) error {
 	t0 := time.Now()
 	cpu0, _ := procmem.CPUSeconds(pid)
 	srvCPU0, _ := procmem.CPUSeconds(serverPid)
+	req0, err := benchutil.ReadStoreRequests(addr)
+	if err != nil {
+		unmount()
+		return err
+	}
 	// The metrics are read once a second, as a scraper would (faster
 	// polling would measure the scrapes).
 	var shipped float64
@@ -180,6 +185,7 @@ func run(c config) error {
 	}
 	shipTook := time.Since(t0)
 	cpu1, _ := procmem.CPUSeconds(pid)
+	req1, _ := benchutil.ReadStoreRequests(addr)
 	rate := float64(total) / shipTook.Seconds()
 	add(fmt.Sprintf("ship %d segments of %s", total, size(segSize)), fmt.Sprintf("%s (%.0f segments/s)", shipTook.Round(time.Second), rate), "≥ 500 segments/s", rate >= 500)
 	add("CPU per shipped segment (user+system of tierfs)", fmt.Sprintf("%.2f ms (%.0f%% of a core)", 1000*(cpu1-cpu0)/float64(total), 100*(cpu1-cpu0)/shipTook.Seconds()), "", false)
@@ -188,12 +194,16 @@ func run(c config) error {
 		srvCPU1, _ := procmem.CPUSeconds(serverPid)
 		add("CPU per shipped segment (user+system of versitygw)", fmt.Sprintf("%.2f ms (%.0f%% of a core)", 1000*(srvCPU1-srvCPU0)/float64(total), 100*(srvCPU1-srvCPU0)/shipTook.Seconds()), "", false)
 	}
+	add("store requests per shipped segment, by op", req1.Per(req0, float64(total)), "", false)
 	time.Sleep(5 * time.Second) // the pass that shipped the last ones ends
+	req2, _ := benchutil.ReadStoreRequests(addr)
 	cpu2, err := idleCPU(pid, c.idle)
 	if err != nil {
 		unmount()
 		return err
 	}
+	req3, _ := benchutil.ReadStoreRequests(addr)
+	add("store requests per minute, idle, --tier-interval 2s", req3.Per(req2, c.idle.Minutes()), "", false)
 	add("idle CPU, --tier-interval 2s", fmt.Sprintf("%.2f%% of a core", 100*cpu2), "≤ 2%", cpu2 <= 0.02)
 	rss, _ := procmem.RSS(pid)
 	add("RSS of tierfs, idle", size(rss), "≤ 200 MiB", rss <= 200<<20)
@@ -217,11 +227,15 @@ func run(c config) error {
 	add("mount again, all shipped (start to mounted)", took.Round(time.Millisecond).String(), "", false)
 	cpuFirst, _ := idleCPU(pid, 30*time.Second) // the first pass reads what it does not know yet
 	add("CPU of the first 30 s after the restart", fmt.Sprintf("%.2f%% of a core", 100*cpuFirst), "", false)
-	cpu30, err := idleCPU(pid, max(c.idle, 60*time.Second))
+	idle30 := max(c.idle, 60*time.Second)
+	req30, _ := benchutil.ReadStoreRequests(addr)
+	cpu30, err := idleCPU(pid, idle30)
+	req31, _ := benchutil.ReadStoreRequests(addr)
 	unmount()
 	if err != nil {
 		return err
 	}
+	add("store requests per minute, idle, --tier-interval 30s", req31.Per(req30, idle30.Minutes()), "", false)
 	add("idle CPU, --tier-interval 30s", fmt.Sprintf("%.2f%% of a core", 100*cpu30), "≤ 1%", cpu30 <= 0.01)
 	if c.follower {
 		if err := measureFollower(c, work, fbacking, fmnt, remote, storeEnv, total, add); err != nil {
@@ -273,6 +287,11 @@ func measureFollower(c config, work, fbacking, fmnt, remote string, storeEnv []s
 	}
 	defer unmount()
 	cpu0, _ := procmem.CPUSeconds(pid)
+	var req0 benchutil.StoreRequests
+	benchutil.WaitEvery(func() bool {
+		req0, err = benchutil.ReadStoreRequests(addr)
+		return err == nil
+	}, 10*time.Second, 100*time.Millisecond, "the follower's metrics")
 	// Given up on when nothing more is mapped for two minutes.
 	var mapped, last float64
 	lastMove := time.Now()
@@ -291,6 +310,8 @@ func measureFollower(c config, work, fbacking, fmnt, remote string, storeEnv []s
 	}
 	took := time.Since(t0)
 	cpu1, _ := procmem.CPUSeconds(pid)
+	req1, _ := benchutil.ReadStoreRequests(addr)
+	add("follower: store requests per mapped segment, by op (from its mount)", req1.Per(req0, float64(total)), "", false)
 	add(fmt.Sprintf("follower: map %d segments onto the shipped objects (mount to done)", total), fmt.Sprintf("%s (%.0f segments/s)", took.Round(time.Second), float64(total)/took.Seconds()), "", false)
 	add("follower: CPU per mapped segment", fmt.Sprintf("%.2f ms", 1000*(cpu1-cpu0)/float64(total)), "", false)
 	// The pass after the last mapping looks once more at every partition
@@ -305,10 +326,13 @@ func measureFollower(c config, work, fbacking, fmnt, remote string, storeEnv []s
 		}
 		return time.Since(quiet) > 11*time.Second
 	}, time.Minute, time.Second, "the follower's passes quiet")
+	req2, _ := benchutil.ReadStoreRequests(addr)
 	cpu, err := idleCPU(pid, c.idle)
 	if err != nil {
 		return err
 	}
+	req3, _ := benchutil.ReadStoreRequests(addr)
+	add("follower: store requests per minute, idle", req3.Per(req2, c.idle.Minutes()), "", false)
 	scansIdle, _ := benchutil.Metric(addr, "tierfs_partition_scans_total")
 	add("follower: idle CPU, --tier-interval 2s, --follow-interval 10s", fmt.Sprintf("%.2f%% of a core", 100*cpu), "≤ 2%", cpu <= 0.02)
 	add("follower: partitions looked at again while idle", fmt.Sprintf("%.0f in %s", scansIdle-scans, c.idle), "", false)

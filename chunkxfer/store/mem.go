@@ -24,7 +24,7 @@ type Mem struct {
 	uploads map[string]*memUpload
 	faults  []*Fault
 	nextID  int
-	calls   map[string]int
+	calls   [NumOps]int
 }
 
 type memObject struct {
@@ -39,26 +39,12 @@ type memUpload struct {
 	parts   map[int32]memObject
 }
 
-// Ops named in faults and counted by Calls.
-const (
-	OpGet      = "get"
-	OpHead     = "head"
-	OpPut      = "put"
-	OpDelete   = "delete"
-	OpList     = "list"
-	OpCreate   = "create-multipart"
-	OpPart     = "upload-part"
-	OpParts    = "list-parts"
-	OpComplete = "complete-multipart"
-	OpAbort    = "abort-multipart"
-	OpUploads  = "list-multipart"
-)
-
-// Fault is an injected failure. It applies to calls of Op ("" for any)
+// Fault is an injected failure. It applies to calls of Op (OpAny: any;
+// OpPut also matches PutIf, which the memory store counts as a put)
 // on keys with KeyPrefix, for Times calls (0: every call) after skipping
 // Skip matching calls.
 type Fault struct {
-	Op        string
+	Op        Op
 	KeyPrefix string
 	Skip      int
 	Times     int
@@ -86,7 +72,7 @@ func NewMem(now func() time.Time) *Mem {
 	if now == nil {
 		now = time.Now
 	}
-	return &Mem{now: now, objects: map[string]memObject{}, uploads: map[string]*memUpload{}, calls: map[string]int{}}
+	return &Mem{now: now, objects: map[string]memObject{}, uploads: map[string]*memUpload{}}
 }
 
 // Inject adds a fault.
@@ -104,19 +90,19 @@ func (m *Mem) ClearFaults() {
 }
 
 // Calls is how many times op was called.
-func (m *Mem) Calls(op string) int {
+func (m *Mem) Calls(op Op) int {
 	m.mu.Lock()
 	defer m.mu.Unlock()
 	return m.calls[op]
 }
 
 // fault records a call and returns the fault that applies to it, if any.
-func (m *Mem) fault(ctx context.Context, op, key string) (*Fault, error) {
+func (m *Mem) fault(ctx context.Context, op Op, key string) (*Fault, error) {
 	m.mu.Lock()
 	m.calls[op]++
 	var hit *Fault
 	for _, f := range m.faults {
-		if (f.Op != "" && f.Op != op) || !strings.HasPrefix(key, f.KeyPrefix) {
+		if (f.Op != OpAny && f.Op != op) || !strings.HasPrefix(key, f.KeyPrefix) {
 			continue
 		}
 		f.matched++
@@ -301,7 +287,7 @@ func (m *Mem) CreateMultipart(ctx context.Context, key string) (string, error) {
 	if err := CheckKey(key); err != nil {
 		return "", err
 	}
-	if _, err := m.fault(ctx, OpCreate, key); err != nil {
+	if _, err := m.fault(ctx, OpCreateMultipart, key); err != nil {
 		return "", err
 	}
 	m.mu.Lock()
@@ -327,7 +313,7 @@ func (m *Mem) UploadPart(ctx context.Context, key, id string, num int32, body io
 	if num < 1 || num > MaxParts {
 		return Part{}, fmt.Errorf("part number %d outside 1..%d", num, MaxParts)
 	}
-	f, err := m.fault(ctx, OpPart, key)
+	f, err := m.fault(ctx, OpUploadPart, key)
 	if err != nil {
 		return Part{}, err
 	}
@@ -347,7 +333,7 @@ func (m *Mem) UploadPart(ctx context.Context, key, id string, num int32, body io
 }
 
 func (m *Mem) ListParts(ctx context.Context, key, id string) ([]Part, error) {
-	if _, err := m.fault(ctx, OpParts, key); err != nil {
+	if _, err := m.fault(ctx, OpListParts, key); err != nil {
 		return nil, err
 	}
 	m.mu.Lock()
@@ -365,7 +351,7 @@ func (m *Mem) ListParts(ctx context.Context, key, id string) ([]Part, error) {
 }
 
 func (m *Mem) CompleteMultipart(ctx context.Context, key, id string, parts []Part) (ObjectInfo, error) {
-	if _, err := m.fault(ctx, OpComplete, key); err != nil {
+	if _, err := m.fault(ctx, OpCompleteMultipart, key); err != nil {
 		return ObjectInfo{}, err
 	}
 	m.mu.Lock()
@@ -392,7 +378,7 @@ func (m *Mem) CompleteMultipart(ctx context.Context, key, id string, parts []Par
 }
 
 func (m *Mem) AbortMultipart(ctx context.Context, key, id string) error {
-	if _, err := m.fault(ctx, OpAbort, key); err != nil {
+	if _, err := m.fault(ctx, OpAbortMultipart, key); err != nil {
 		return err
 	}
 	m.mu.Lock()
@@ -408,7 +394,7 @@ func (m *Mem) ListMultipart(ctx context.Context, prefix string) ([]Upload, error
 	if err := checkPrefix(prefix); err != nil {
 		return nil, err
 	}
-	if _, err := m.fault(ctx, OpUploads, prefix); err != nil {
+	if _, err := m.fault(ctx, OpListMultipart, prefix); err != nil {
 		return nil, err
 	}
 	m.mu.Lock()

@@ -63,7 +63,7 @@ func TestMemFaults(t *testing.T) {
 	if _, err := m.Head(ctx, "gated/x"); err != nil {
 		t.Fatalf("gated put not stored: %v", err)
 	}
-	m.Inject(Fault{Op: OpPart, Times: 1, DieAfter: 3})
+	m.Inject(Fault{Op: OpUploadPart, Times: 1, DieAfter: 3})
 	id, _ := m.CreateMultipart(ctx, "u")
 	if _, err := m.UploadPart(ctx, "u", id, 1, bytes.NewReader(body), 16); !errors.Is(err, ErrConnReset) {
 		t.Fatalf("part body: %v", err)
@@ -71,8 +71,8 @@ func TestMemFaults(t *testing.T) {
 	if ps, _ := m.ListParts(ctx, "u", id); len(ps) != 0 {
 		t.Fatalf("failed part stored: %v", ps)
 	}
-	if m.Calls(OpGet) != 7 || m.Calls(OpPart) != 1 {
-		t.Fatalf("calls: get %d part %d", m.Calls(OpGet), m.Calls(OpPart))
+	if m.Calls(OpGet) != 7 || m.Calls(OpUploadPart) != 1 {
+		t.Fatalf("calls: get %d part %d", m.Calls(OpGet), m.Calls(OpUploadPart))
 	}
 }
 

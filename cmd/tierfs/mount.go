@@ -17,6 +17,7 @@ import (
 	"time"
 
 	"github.com/tierfs/tierfs/chunkxfer"
+	"github.com/tierfs/tierfs/chunkxfer/store"
 	"github.com/tierfs/tierfs/control"
 	"github.com/tierfs/tierfs/fs"
 	"github.com/tierfs/tierfs/internal/gctune"
@@ -177,11 +178,14 @@ func runMount(c *cli.Context) error {
 	var tier fs.Tiering
 	var shipRate int64
 	var cache *chunkxfer.Pool
+	var requests *store.Requests // stays nil without a remote
 	if url := c.String("remote"); url != "" {
 		st, err := openStore(c, url)
 		if err != nil {
 			return err
 		}
+		requests = new(store.Requests)
+		st = store.Counted(st, requests)
 		if shipRate, err = units.ParseSize(c.String("ship-rate")); err != nil {
 			return &exitError{code: 2, err: fmt.Errorf("--ship-rate: %w", err)}
 		}
@@ -250,6 +254,9 @@ func runMount(c *cli.Context) error {
 		reg := metrics.Registry(mt, cache, log)
 		if changes != nil {
 			metrics.RegisterCM(reg, changes)
+		}
+		if requests != nil {
+			metrics.RegisterStore(reg, requests)
 		}
 		ops = metrics.NewFUSEOps(reg)
 		ctx, cancel := context.WithCancel(context.Background())

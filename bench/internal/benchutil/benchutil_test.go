@@ -18,3 +18,14 @@ func TestMedian(t *testing.T) {
 		}
 	}
 }
+
+func TestStoreRequestsPer(t *testing.T) {
+	r0 := StoreRequests{"put": 10, "get": 4, "head": 1}
+	r := StoreRequests{"put": 30, "get": 4, "head": 11, "put_if": 2}
+	if got, want := r.Per(r0, 10), "3.20 (put 2.00, head 1.00, put_if 0.20)"; got != want {
+		t.Errorf("Per: %q, want %q", got, want)
+	}
+	if got := r.Per(r, 10); got != "0" {
+		t.Errorf("nothing made: %q", got)
+	}
+}

@@ -3,12 +3,14 @@ package benchutil
 import (
 	"bufio"
 	"bytes"
+	"cmp"
 	"fmt"
 	"net/http"
 	"os"
 	"os/exec"
 	"path/filepath"
 	"runtime"
+	"slices"
 	"strconv"
 	"strings"
 	"syscall"
@@ -171,6 +173,71 @@ func Metric(addr, name string) (float64, error) {
 		}
 	}
 	return 0, fmt.Errorf("no %s in the metrics of %s", name, addr)
+}
+
+// StoreRequests are a mount's requests to its store by op, as its
+// metrics at addr count them (tierfs_store_requests_total).
+type StoreRequests map[string]float64
+
+// ReadStoreRequests scrapes the store requests of the mount serving
+// metrics at addr.
+func ReadStoreRequests(addr string) (StoreRequests, error) {
+	resp, err := http.Get("http://" + addr + "/metrics")
+	if err != nil {
+		return nil, err
+	}
+	defer resp.Body.Close()
+	const prefix = `tierfs_store_requests_total{op="`
+	r := StoreRequests{}
+	sc := bufio.NewScanner(resp.Body)
+	for sc.Scan() {
+		rest, ok := strings.CutPrefix(sc.Text(), prefix)
+		if !ok {
+			continue
+		}
+		op, v, ok := strings.Cut(rest, `"} `)
+		if !ok {
+			return nil, fmt.Errorf("metrics of %s: cannot read %q", addr, sc.Text())
+		}
+		if r[op], err = strconv.ParseFloat(v, 64); err != nil {
+			return nil, fmt.Errorf("metrics of %s: %q: %w", addr, sc.Text(), err)
+		}
+	}
+	if len(r) == 0 {
+		return nil, fmt.Errorf("no tierfs_store_requests_total in the metrics of %s", addr)
+	}
+	return r, sc.Err()
+}
+
+// Per is what was made from r0 to r, per n (say, per segment shipped):
+// the total, and the ops made, most first, as "put 6.0, head 2.0".
+func (r StoreRequests) Per(r0 StoreRequests, n float64) string {
+	type opN struct {
+		op string
+		n  float64
+	}
+	var ops []opN
+	var total float64
+	for op, v := range r {
+		if d := v - r0[op]; d > 0 {
+			ops = append(ops, opN{op, d / n})
+			total += d / n
+		}
+	}
+	slices.SortFunc(ops, func(a, b opN) int {
+		if a.n != b.n {
+			return cmp.Compare(b.n, a.n)
+		}
+		return strings.Compare(a.op, b.op)
+	})
+	parts := make([]string, len(ops))
+	for i, o := range ops {
+		parts[i] = fmt.Sprintf("%s %.2f", o.op, o.n)
+	}
+	if len(parts) == 0 {
+		return "0"
+	}
+	return fmt.Sprintf("%.2f (%s)", total, strings.Join(parts, ", "))
 }
 
 // AllEvicted says whether every segment of a partition dir but the last
