@@ -115,9 +115,9 @@ func TestBrokerDeletionDeletesRemoteCopy(t *testing.T) {
 	if left := objects(t, s, prefix); len(left) != 0 {
 		t.Fatalf("objects left: %v", left)
 	}
-	// Its objects (its remote indexes and batch list among them) went,
-	// and nothing else.
-	for _, suffix := range []string{".rindex", ".rtimeindex", ".batches"} {
+	// Its objects (its batch list among them) went, and nothing else
+	// (TestRemoteIndexesOfManyEntries: remote indexes go too).
+	for _, suffix := range []string{".batches"} {
 		if !slices.Contains(before, prefix+suffix) {
 			t.Errorf("no %s among the segment's objects %v", suffix, before)
 		}
@@ -323,5 +323,55 @@ func TestRewrittenSegmentEmpty(t *testing.T) {
 	}
 	if got := readAll(t, tr, seg); len(got) != 0 {
 		t.Fatalf("the empty segment reads %d bytes", len(got))
+	}
+}
+
+// TestRemoteIndexesOfManyEntries: an object of more than one index
+// entry (a segment bigger than an entry's chunk) has its remote indexes
+// in the store, one entry each per index entry, and they go with its
+// other objects when the broker deletes the segment.
+func TestRemoteIndexesOfManyEntries(t *testing.T) {
+	root := filepath.Join(t.TempDir(), "kafka-logs")
+	bases, err := kafkatest.LogDir{Topic: "orders", Partitions: 1, Segments: 3, Batches: 20, Records: 10, ValueSize: 100 << 10, Unflushed: 1, Age: time.Hour}.Write(root)
+	if err != nil {
+		t.Fatal(err)
+	}
+	s := store.NewMem(nil)
+	tr := newTierer(t, root, s, 1)
+	if rep := mustPass(t, tr); rep.Shipped != 1 {
+		t.Fatalf("report %+v", rep)
+	}
+	seg := filepath.Join(root, "orders-0", kafkaName(bases["orders-0"][0], ".log"))
+	if fi, err := os.Stat(seg); err != nil || fi.Size() <= idx.DefaultChunkSize {
+		t.Fatalf("segment %v, %v: not bigger than a chunk", fi, err)
+	}
+	stem := strings.TrimSuffix(recordKey(t, seg), ".log")
+	offsets, err := store.ReadAll(s.Get(context.Background(), stem+".rindex", 0, -1, store.GetOptions{}))
+	if err != nil {
+		t.Fatal(err)
+	}
+	ro, err := idx.ParseRemoteOffsetIndex(stem+".rindex", bases["orders-0"][0], offsets)
+	if err != nil {
+		t.Fatal(err)
+	}
+	times, err := store.ReadAll(s.Get(context.Background(), stem+".rtimeindex", 0, -1, store.GetOptions{}))
+	if err != nil {
+		t.Fatal(err)
+	}
+	rt, err := idx.ParseRemoteTimeIndex(stem+".rtimeindex", times)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(ro) < 2 || len(rt) < 1 {
+		t.Fatalf("remote indexes of %d and %d entries, want at least 2 and 1", len(ro), len(rt))
+	}
+	if err := os.Remove(seg); err != nil {
+		t.Fatal(err)
+	}
+	if rep := mustPass(t, tr); rep.Deleted != 1 {
+		t.Fatalf("report %+v", rep)
+	}
+	if left := objects(t, s, stem); len(left) != 0 {
+		t.Fatalf("objects left: %v", left)
 	}
 }

@@ -710,7 +710,7 @@ func (sp *shipper) appendAll(ctx context.Context, partition string, cs []*shipCo
 	}
 	var groups [][]func() error
 	for _, c := range cs[:n] {
-		puts, err := sp.remoteIndexPuts(ctx, f, c.seg, c.key, c.objBase)
+		puts, err := sp.remoteIndexPuts(ctx, f, c.seg, c.key, c.objBase, c.sh.Objects)
 		if err != nil {
 			appendErr = err
 			break
@@ -905,7 +905,13 @@ func (sp *shipper) shipmentOf(seg Segment, st *syscall.Stat_t, key string, from 
 		sh.Objects = append(sh.Objects, key, chunkxfer.ManifestKey(key))
 	}
 	base := strings.TrimSuffix(key, kafka.KindLog)
-	sh.Objects = append(sh.Objects, base+".batches", base+".rindex", base+".rtimeindex")
+	sh.Objects = append(sh.Objects, base+".batches")
+	if st.Size-from > idx.DefaultChunkSize {
+		// An object of one index entry (no bigger than an entry's
+		// chunk) has no remote indexes: that entry is all they would
+		// say.
+		sh.Objects = append(sh.Objects, base+".rindex", base+".rtimeindex")
+	}
 	sh.Objects = append(sh.Objects, refs...)
 	return sh, true, nil
 }
@@ -962,7 +968,7 @@ func (sp *shipper) index(ctx context.Context, c *shipCommit, raced bool) error {
 				at, objBase = cov.End, cov.Next
 			}
 		}
-		puts, err := sp.appendLocal(ctx, seg, key, from, at, objBase)
+		puts, err := sp.appendLocal(ctx, seg, key, from, at, objBase, c.sh.Objects)
 		if err == nil {
 			err = all(puts)
 		}
@@ -992,8 +998,9 @@ func (sp *shipper) index(ctx context.Context, c *shipCommit, raced bool) error {
 // key from file position at on (the object starts at from), with
 // offsets from objBase, appended to the partition's index file unless
 // there already. It returns the puts of the object's remote indexes,
-// for the caller to run. Call it with the partition locked.
-func (sp *shipper) appendLocal(ctx context.Context, seg Segment, key string, from, at, objBase int64) ([]func() error, error) {
+// for the caller to run (those the shipment lists). Call it with the
+// partition locked.
+func (sp *shipper) appendLocal(ctx context.Context, seg Segment, key string, from, at, objBase int64, listed []string) ([]func() error, error) {
 	f, err := sp.t.indexes.file(seg.Partition)
 	if err != nil {
 		return nil, err
@@ -1007,7 +1014,7 @@ func (sp *shipper) appendLocal(ctx context.Context, seg Segment, key string, fro
 			return nil, err
 		}
 	}
-	return sp.remoteIndexPuts(ctx, f, seg, key, objBase)
+	return sp.remoteIndexPuts(ctx, f, seg, key, objBase, listed)
 }
 
 // entriesOf are the index entries of object key from file position at
@@ -1051,15 +1058,20 @@ func (sp *shipper) entriesOf(f *idx.File, seg Segment, key string, from, at, obj
 }
 
 // remoteIndexPuts are the puts of the remote indexes of the object of
-// key (offsets from objBase), built from f, for the caller to run.
-func (sp *shipper) remoteIndexPuts(ctx context.Context, f *idx.File, seg Segment, key string, objBase int64) ([]func() error, error) {
+// key (offsets from objBase), built from f, for the caller to run: none
+// unless listed (its shipment's objects) names them, so that every
+// object put is one its shipment deletes.
+func (sp *shipper) remoteIndexPuts(ctx context.Context, f *idx.File, seg Segment, key string, objBase int64, listed []string) ([]func() error, error) {
+	base := strings.TrimSuffix(key, kafka.KindLog)
+	if !slices.Contains(listed, base+".rindex") {
+		return nil, nil
+	}
 	var ri idx.RemoteIndexes
 	var err error
 	f.View(func(x *idx.Index) { ri, err = x.BuildRemoteIndexes(objBase, nextOrMax(seg.Next)) })
 	if err != nil {
 		return nil, err
 	}
-	base := strings.TrimSuffix(key, kafka.KindLog)
 	var puts []func() error
 	for name, b := range map[string][]byte{base + ".rindex": ri.MarshalOffsets(), base + ".rtimeindex": ri.MarshalTimes()} {
 		puts = append(puts, func() error {
@@ -1073,6 +1085,9 @@ func (sp *shipper) remoteIndexPuts(ctx context.Context, f *idx.File, seg Segment
 // all runs fs at once and returns when every one has: nil if none
 // failed, else the first error in fs's order.
 func all(fs []func() error) error {
+	if len(fs) == 0 {
+		return nil
+	}
 	errs := make([]error, len(fs))
 	var wg sync.WaitGroup
 	for i, f := range fs[1:] {

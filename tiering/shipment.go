@@ -248,9 +248,13 @@ func (dl *deleter) deleteShipment(ctx context.Context, s Shipment, baseInUse boo
 		}
 	}
 	// A shipment of a tierfs that named the store's remote indexes by
-	// base offset alone: it has a .log object but no .rindex.
+	// base offset alone: it has a .log object but no .rindex, and no
+	// .batches (both came with the naming by broker and file; since
+	// 2026-12-07 an object of one index entry has no .rindex).
 	legacy := slices.ContainsFunc(s.Objects, func(k string) bool { return strings.HasSuffix(k, kafka.KindLog) }) &&
-		!slices.ContainsFunc(s.Objects, func(k string) bool { return strings.HasSuffix(k, ".rindex") })
+		!slices.ContainsFunc(s.Objects, func(k string) bool {
+			return strings.HasSuffix(k, ".rindex") || strings.HasSuffix(k, ".batches")
+		})
 	if err == nil && !baseInUse {
 		// No other version of the segment is shipped: its local remote
 		// indexes go (and, from a tierfs that named them by base offset
