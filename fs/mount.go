@@ -86,6 +86,9 @@ func (p PassthroughState) String() string {
 type Mounted struct {
 	Config      Config
 	Passthrough PassthroughState
+	// ACLs says whether the kernel checks the backing files' POSIX ACLs
+	// (the backing file system has them), not only their modes.
+	ACLs bool
 	// StateDir is tierfs's own directory inside the backing directory,
 	// reachable by this process only.
 	StateDir string
@@ -119,6 +122,14 @@ const maxBackground = 1024
 // maxReadAhead is what the init reply allows the kernel's readahead to be
 // (the largest --read-ahead that takes effect).
 const maxReadAhead = 64 << 20
+
+// hasACLs says whether the file system of dir has POSIX ACLs: it
+// answers for an access ACL of dir (with one, or with none) instead of
+// refusing the name.
+func hasACLs(dir string) bool {
+	_, err := unix.Getxattr(dir, "system.posix_acl_access", nil)
+	return err == nil || errors.Is(err, unix.ENODATA)
+}
 
 // ErrAlreadyMounted is returned when the mount point is already a tierfs
 // mount or the backing directory is already served.
@@ -169,6 +180,7 @@ func (m *Mounted) start() error {
 	// a second time.
 	unix.Umask(0)
 
+	m.ACLs = hasACLs(cfg.Backing)
 	entry, attr := cfg.EntryTimeout, cfg.AttrTimeout
 	opts := &gofs.Options{
 		// A file or directory with no permission bits (mode 0000) is
@@ -205,6 +217,16 @@ func (m *Mounted) start() error {
 			// directory for its names (a broker at start-up) does not
 			// pay a lookup of every entry.
 			ExtraCapabilities: fuse.CAP_READDIRPLUS_AUTO,
+			// The kernel checks POSIX ACLs (the backing files'
+			// system.posix_acl_* attributes) as well as the mode, as
+			// the backing file system does: without it an ACL entry
+			// that refused a user was not enforced through the mount.
+			// Where the backing file system has no ACLs there is
+			// nothing to check: a check costs requests (the kernel
+			// asks for a file's ACL at a permission check by anyone
+			// but its owner, and forgets it at every refresh of its
+			// attributes; docs/design.md).
+			EnableAcl: m.ACLs,
 			// Each open file's kernel passthrough needs the kernel to
 			// accept backing files one level below FUSE.
 			MaxStackDepth: 1,

@@ -326,7 +326,7 @@ func runMount(c *cli.Context) error {
 		}
 	}
 	log.Info("mounted", "mountpoint", m.Config.Mountpoint, "backing", m.Config.Backing,
-		"in_place", m.Config.Mountpoint == m.Config.Backing, "local_files", m.Passthrough.String())
+		"in_place", m.Config.Mountpoint == m.Config.Backing, "local_files", m.Passthrough.String(), "posix_acls", m.ACLs)
 	// In the background: listing every partition directory of a large
 	// log dir must not delay the moment the mount says it is ready.
 	go warnFileLimit(log, filepath.Dir(m.StateDir))

@@ -1,0 +1,167 @@
+package fs
+
+import (
+	"encoding/binary"
+	"errors"
+	"fmt"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+
+	"golang.org/x/sys/unix"
+
+	"github.com/tierfs/tierfs/internal/testenv"
+)
+
+// ACL entry tags and the id of the entries that name none, as in the
+// system.posix_acl_access attribute (linux/posix_acl_xattr.h).
+const (
+	aclUserObj  = 0x01
+	aclUser     = 0x02
+	aclGroupObj = 0x04
+	aclGroup    = 0x08
+	aclMask     = 0x10
+	aclOther    = 0x20
+	aclNoID     = 0xffffffff
+)
+
+type aclEntry struct {
+	tag, perm uint16
+	id        uint32
+}
+
+// aclXattr is the value of system.posix_acl_access for entries (in
+// the kernel's order: by tag, then by id).
+func aclXattr(entries ...aclEntry) []byte {
+	b := binary.LittleEndian.AppendUint32(nil, 2) // version
+	for _, e := range entries {
+		b = binary.LittleEndian.AppendUint16(b, e.tag)
+		b = binary.LittleEndian.AppendUint16(b, e.perm)
+		b = binary.LittleEndian.AppendUint32(b, e.id)
+	}
+	return b
+}
+
+// TestACLsAsTheBackingFile: POSIX ACLs of the backing files are
+// enforced through the mount exactly as on the backing directory: an
+// entry that refuses a user refuses it through the mount too (before,
+// the mount checked the mode alone and let nobody read what its ACL
+// refused it), and one that grants a user, or a group, grants it. An
+// ACL set through the mount is the backing file's, and enforced at once.
+func TestACLsAsTheBackingFile(t *testing.T) {
+	requireMount(t)
+	if os.Geteuid() != 0 {
+		testenv.Missing(t, "needs root to act as another user")
+	}
+	const nobody = 65534
+	acls := map[string][]byte{
+		// 0644, but user nobody may do nothing.
+		"f-deny-user": aclXattr(aclEntry{aclUserObj, 6, aclNoID}, aclEntry{aclUser, 0, nobody}, aclEntry{aclGroupObj, 4, aclNoID}, aclEntry{aclMask, 4, aclNoID}, aclEntry{aclOther, 4, aclNoID}),
+		// 0600, but user nobody may read.
+		"f-grant-user": aclXattr(aclEntry{aclUserObj, 6, aclNoID}, aclEntry{aclUser, 4, nobody}, aclEntry{aclGroupObj, 0, aclNoID}, aclEntry{aclMask, 4, aclNoID}, aclEntry{aclOther, 0, aclNoID}),
+		// 0600, but user nobody may read and write.
+		"f-grant-write": aclXattr(aclEntry{aclUserObj, 6, aclNoID}, aclEntry{aclUser, 6, nobody}, aclEntry{aclGroupObj, 0, aclNoID}, aclEntry{aclMask, 6, aclNoID}, aclEntry{aclOther, 0, aclNoID}),
+		// 0600, but group nobody (65534) may read.
+		"f-grant-group": aclXattr(aclEntry{aclUserObj, 6, aclNoID}, aclEntry{aclGroupObj, 0, aclNoID}, aclEntry{aclGroup, 4, nobody}, aclEntry{aclMask, 4, aclNoID}, aclEntry{aclOther, 0, aclNoID}),
+		// The user entry grants, the mask takes it back.
+		"f-masked": aclXattr(aclEntry{aclUserObj, 6, aclNoID}, aclEntry{aclUser, 6, nobody}, aclEntry{aclGroupObj, 0, aclNoID}, aclEntry{aclMask, 0, aclNoID}, aclEntry{aclOther, 0, aclNoID}),
+		// A directory of 0755 that user nobody may not enter or list.
+		"d-deny-user": aclXattr(aclEntry{aclUserObj, 7, aclNoID}, aclEntry{aclUser, 0, nobody}, aclEntry{aclGroupObj, 5, aclNoID}, aclEntry{aclMask, 5, aclNoID}, aclEntry{aclOther, 5, aclNoID}),
+	}
+	for _, passthrough := range []bool{false, true} {
+		t.Run(fmt.Sprintf("passthrough=%v", passthrough), func(t *testing.T) {
+			top := t.TempDir()
+			reachable(t, top)
+			backing := filepath.Join(top, "backing")
+			if err := os.Mkdir(backing, 0o755); err != nil {
+				t.Fatal(err)
+			}
+			for name, acl := range acls {
+				p := filepath.Join(backing, name)
+				if name[0] == 'd' {
+					if err := os.Mkdir(p, 0o755); err != nil {
+						t.Fatal(err)
+					}
+					if err := os.WriteFile(filepath.Join(p, "inside"), []byte("x\n"), 0o644); err != nil {
+						t.Fatal(err)
+					}
+				} else if err := os.WriteFile(p, []byte("secret\n"), 0o644); err != nil {
+					t.Fatal(err)
+				}
+				if err := unix.Setxattr(p, "system.posix_acl_access", acl, 0); err != nil {
+					if errors.Is(err, unix.EOPNOTSUPP) {
+						testenv.Missing(t, "the backing file system (%s) has no POSIX ACLs", top)
+					}
+					t.Fatal(err)
+				}
+			}
+			mnt := filepath.Join(top, "mnt")
+			if err := os.Mkdir(mnt, 0o755); err != nil {
+				t.Fatal(err)
+			}
+			srv := startServer(t, backing, mnt, passthrough)
+			cases := [][]string{
+				{"cat", "f-deny-user"}, {"cat", "f-grant-user"}, {"cat", "f-grant-group"}, {"cat", "f-masked"},
+				{"sh", "-c", "echo x >> ROOT/f-grant-write"}, {"sh", "-c", "echo x >> ROOT/f-grant-user"},
+				{"ls", "d-deny-user"}, {"cat", "d-deny-user/inside"},
+			}
+			run := func(root string, c []string) string {
+				args := append([]string(nil), c[1:]...)
+				for i, a := range args {
+					if c[0] == "sh" {
+						args[i] = strings.Replace(a, "ROOT", root, 1)
+					} else {
+						args[i] = filepath.Join(root, a)
+					}
+				}
+				return asNobody(t, c[0], args...)
+			}
+			allowed, refused := 0, 0
+			for _, c := range cases {
+				native, mounted := run(backing, c), run(srv.Mountpoint, c)
+				if native != mounted {
+					t.Errorf("%v as nobody: %q through the mount, %q in the backing directory", c, mounted, native)
+				}
+				if native == "ok" {
+					allowed++
+				} else {
+					refused++
+				}
+			}
+			// Not a test that passes because nobody is always refused,
+			// or always let in.
+			if allowed < 3 || refused < 3 {
+				t.Fatalf("nobody was allowed %d and refused %d of %d cases in the backing directory: the ACLs did not apply", allowed, refused, len(cases))
+			}
+			for name := range acls {
+				b, m := stat(t, filepath.Join(backing, name)), stat(t, filepath.Join(srv.Mountpoint, name))
+				if b.Mode != m.Mode {
+					t.Errorf("%s: mode %o through the mount, %o in the backing directory", name, m.Mode, b.Mode)
+				}
+			}
+
+			// An ACL set through the mount lands on the backing file and
+			// refuses at once.
+			p := filepath.Join(srv.Mountpoint, "f-set-through")
+			if err := os.WriteFile(p, []byte("secret\n"), 0o644); err != nil {
+				t.Fatal(err)
+			}
+			if got := asNobody(t, "cat", p); got != "ok" {
+				t.Fatalf("nobody cannot read a new 0644 file: %s", got)
+			}
+			deny := acls["f-deny-user"]
+			if err := unix.Setxattr(p, "system.posix_acl_access", deny, 0); err != nil {
+				t.Fatal(err)
+			}
+			got := make([]byte, 256)
+			n, err := unix.Getxattr(filepath.Join(backing, "f-set-through"), "system.posix_acl_access", got)
+			if err != nil || string(got[:n]) != string(deny) {
+				t.Fatalf("the backing file's ACL after a set through the mount: %x, %v; want %x", got[:max(n, 0)], err, deny)
+			}
+			if got, native := asNobody(t, "cat", p), asNobody(t, "cat", filepath.Join(backing, "f-set-through")); got == "ok" || got != native {
+				t.Errorf("cat as nobody after an ACL refused it: %q through the mount, %q in the backing directory", got, native)
+			}
+		})
+	}
+}
