@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"strings"
 	"testing"
@@ -163,5 +164,69 @@ func TestACLsAsTheBackingFile(t *testing.T) {
 				t.Errorf("cat as nobody after an ACL refused it: %q through the mount, %q in the backing directory", got, native)
 			}
 		})
+	}
+}
+
+// TestCreationModesAsTheBackingFile: files and directories made through
+// the mount get the mode and access ACL they get on the backing
+// directory: the creator's umask applies in a directory without a
+// default ACL, and in one with a default ACL the ACL takes its place
+// (before, the kernel applied the umask there too, and a named user's
+// rw- came out r--).
+func TestCreationModesAsTheBackingFile(t *testing.T) {
+	requireMount(t)
+	top := t.TempDir()
+	backing := filepath.Join(top, "backing")
+	for _, d := range []string{backing, filepath.Join(backing, "plain"), filepath.Join(backing, "inherits")} {
+		if err := os.Mkdir(d, 0o755); err != nil {
+			t.Fatal(err)
+		}
+	}
+	const nobody = 65534
+	def := aclXattr(aclEntry{aclUserObj, 7, aclNoID}, aclEntry{aclUser, 7, nobody}, aclEntry{aclGroupObj, 5, aclNoID}, aclEntry{aclMask, 7, aclNoID}, aclEntry{aclOther, 5, aclNoID})
+	if err := unix.Setxattr(filepath.Join(backing, "inherits"), "system.posix_acl_default", def, 0); err != nil {
+		if errors.Is(err, unix.EOPNOTSUPP) {
+			testenv.Missing(t, "the backing file system (%s) has no POSIX ACLs", top)
+		}
+		t.Fatal(err)
+	}
+	mnt := filepath.Join(top, "mnt")
+	if err := os.Mkdir(mnt, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	srv := startServer(t, backing, mnt, true)
+	acl := func(p, name string) string {
+		b := make([]byte, 256)
+		n, err := unix.Getxattr(p, name, b)
+		if err != nil {
+			return err.Error()
+		}
+		return fmt.Sprintf("%x", b[:n])
+	}
+	for _, dir := range []string{"plain", "inherits"} {
+		for _, umask := range []string{"022", "077", "000"} {
+			// Made natively as "n-...", through the mount as "m-...",
+			// side by side in the same backing directory.
+			for _, who := range []struct{ prefix, root string }{{"n-", backing}, {"m-", srv.Mountpoint}} {
+				d := filepath.Join(who.root, dir)
+				script := fmt.Sprintf("umask %s && cd %s && touch %sf%s && mkdir %sd%s && mkfifo %sp%s", umask, d, who.prefix, umask, who.prefix, umask, who.prefix, umask)
+				if out, err := exec.Command("sh", "-c", script).CombinedOutput(); err != nil {
+					t.Fatalf("%s: %v: %s", script, err, out)
+				}
+			}
+			for _, kind := range []string{"f", "d", "p"} {
+				name := kind + umask
+				native := filepath.Join(backing, dir, "n-"+name)
+				mounted := filepath.Join(backing, dir, "m-"+name)
+				if n, m := stat(t, native), stat(t, mounted); n.Mode != m.Mode {
+					t.Errorf("%s/%s, umask %s: mode %o made through the mount, %o natively", dir, name, umask, m.Mode, n.Mode)
+				}
+				for _, attr := range []string{"system.posix_acl_access", "system.posix_acl_default"} {
+					if n, m := acl(native, attr), acl(mounted, attr); n != m {
+						t.Errorf("%s/%s, umask %s: %s %s made through the mount, %s natively", dir, name, umask, attr, m, n)
+					}
+				}
+			}
+		}
 	}
 }

@@ -83,11 +83,11 @@ func (n *node) makeEntry(ctx context.Context, name string, out *fuse.EntryOut, r
 }
 
 func (n *node) Mkdir(ctx context.Context, name string, mode uint32, out *fuse.EntryOut) (*gofs.Inode, syscall.Errno) {
-	return n.makeEntry(ctx, name, out, unix.AT_REMOVEDIR, "dir", "", func(dfd int) error { return unix.Mkdirat(dfd, name, mode) })
+	return n.makeEntry(ctx, name, out, unix.AT_REMOVEDIR, "dir", "", func(dfd int) error { return unix.Mkdirat(dfd, name, creationMode(dfd, mode)) })
 }
 
 func (n *node) Mknod(ctx context.Context, name string, mode, rdev uint32, out *fuse.EntryOut) (*gofs.Inode, syscall.Errno) {
-	return n.makeEntry(ctx, name, out, 0, "other", "", func(dfd int) error { return unix.Mknodat(dfd, name, mode, int(rdev)) })
+	return n.makeEntry(ctx, name, out, 0, "other", "", func(dfd int) error { return unix.Mknodat(dfd, name, creationMode(dfd, mode), int(rdev)) })
 }
 
 func (n *node) Symlink(ctx context.Context, target, name string, out *fuse.EntryOut) (*gofs.Inode, syscall.Errno) {
@@ -147,7 +147,7 @@ func (n *node) Create(ctx context.Context, name string, flags uint32, mode uint3
 		return nil, nil, 0, toErrno(err)
 	}
 	defer leave()
-	fd, created, err := createAt(changes, dfd, name, rel, flags, mode)
+	fd, created, err := createAt(changes, dfd, name, rel, flags, creationMode(dfd, mode))
 	if err != nil {
 		return nil, nil, 0, toErrno(err)
 	}

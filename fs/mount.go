@@ -226,6 +226,8 @@ func (m *Mounted) start() error {
 			// asks for a file's ACL at a permission check by anyone
 			// but its owner, and forgets it at every refresh of its
 			// attributes; docs/design.md).
+			// With them, tierfs applies the creator's umask
+			// (FUSE_DONT_MASK, umask.go).
 			EnableAcl: m.ACLs,
 			// Each open file's kernel passthrough needs the kernel to
 			// accept backing files one level below FUSE.
@@ -235,6 +237,9 @@ func (m *Mounted) start() error {
 	if cfg.ReadOnly {
 		opts.MountOptions.Options = append(opts.MountOptions.Options, "ro")
 	}
+	if m.ACLs {
+		opts.MountOptions.ExtraCapabilities |= fuse.CAP_DONT_MASK
+	}
 	// go-fuse's own messages go to the mount's logger (as warnings: it
 	// writes only when something is off); with Debug, its trace of every
 	// request goes to stderr as it is.
@@ -243,7 +248,11 @@ func (m *Mounted) start() error {
 	if cfg.Debug {
 		opts.MountOptions.Logger = log.New(os.Stderr, "go-fuse: ", 0)
 	}
-	var raw fuse.RawFileSystem = &passthroughWatch{RawFileSystem: gofs.NewNodeFS(m.root.rootNode, opts), root: m.root}
+	var raw fuse.RawFileSystem = gofs.NewNodeFS(m.root.rootNode, opts)
+	if m.ACLs {
+		raw = &umaskCarrier{RawFileSystem: raw}
+	}
+	raw = &passthroughWatch{RawFileSystem: raw, root: m.root}
 	if cfg.Ops != nil {
 		raw = &observed{RawFileSystem: raw, obs: cfg.Ops}
 	}
