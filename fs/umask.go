@@ -1,8 +1,6 @@
 package fs
 
 import (
-	"errors"
-
 	"github.com/hanwen/go-fuse/v2/fuse"
 	"golang.org/x/sys/unix"
 )
@@ -44,13 +42,12 @@ func creationMode(dir int, mode uint32) uint32 {
 	return mode &^ umask
 }
 
-// hasDefaultACL says whether directory fd has a default ACL. Any error
-// but its absence counts as having one: the mode then is the one asked
-// for, as natively with a default ACL, never wider than what the caller
-// asked.
+// hasDefaultACL says whether directory fd has a default ACL. An error
+// counts as none: the umask then applies, and the new entry's mode is
+// at most as wide as natively.
 func hasDefaultACL(fd int) bool {
 	_, err := unix.Getxattr(procFd(fd), "system.posix_acl_default", nil)
-	return !errors.Is(err, unix.ENODATA) && !errors.Is(err, unix.EOPNOTSUPP)
+	return err == nil
 }
 
 // umaskCarrier passes the umask of Create, Mkdir and Mknod on in the
