@@ -163,6 +163,38 @@ func TestACLsAsTheBackingFile(t *testing.T) {
 			if got, native := asNobody(t, "cat", p), asNobody(t, "cat", filepath.Join(backing, "f-set-through")); got == "ok" || got != native {
 				t.Errorf("cat as nobody after an ACL refused it: %q through the mount, %q in the backing directory", got, native)
 			}
+
+			// A chmod through the mount of a file with an ACL changes its
+			// mask as a chmod of the backing file does, and takes the
+			// user entry's grant back alike.
+			for _, root := range []string{backing, srv.Mountpoint} {
+				twin := filepath.Join(backing, "f-chmod-"+filepath.Base(root))
+				if err := os.WriteFile(twin, []byte("secret\n"), 0o600); err != nil {
+					t.Fatal(err)
+				}
+				if err := unix.Setxattr(twin, "system.posix_acl_access", acls["f-grant-user"], 0); err != nil {
+					t.Fatal(err)
+				}
+				if got := asNobody(t, "cat", twin); got != "ok" {
+					t.Fatalf("nobody cannot read %s, which its ACL grants: %s", twin, got)
+				}
+				if err := os.Chmod(filepath.Join(root, filepath.Base(twin)), 0o600); err != nil {
+					t.Fatal(err)
+				}
+			}
+			np, mp := filepath.Join(backing, "f-chmod-backing"), filepath.Join(backing, "f-chmod-mnt")
+			if a, b := stat(t, np).Mode, stat(t, mp).Mode; a != b {
+				t.Errorf("chmod 0600 of a file with an ACL: mode %o through the mount, %o natively", b, a)
+			}
+			nb, mb := make([]byte, 256), make([]byte, 256)
+			nn, _ := unix.Getxattr(np, "system.posix_acl_access", nb)
+			mn, _ := unix.Getxattr(mp, "system.posix_acl_access", mb)
+			if string(nb[:max(nn, 0)]) != string(mb[:max(mn, 0)]) {
+				t.Errorf("chmod 0600 of a file with an ACL: ACL %x through the mount, %x natively", mb[:max(mn, 0)], nb[:max(nn, 0)])
+			}
+			if native, mounted := asNobody(t, "cat", np), asNobody(t, "cat", filepath.Join(srv.Mountpoint, "f-chmod-mnt")); native == "ok" || native != mounted {
+				t.Errorf("cat as nobody after chmod 0600: %q through the mount, %q natively", mounted, native)
+			}
 		})
 	}
 }
