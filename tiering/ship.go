@@ -1093,9 +1093,7 @@ func all(fs []func() error) error {
 	for i, f := range fs[1:] {
 		wg.Go(func() { errs[i+1] = f() })
 	}
-	if len(fs) > 0 {
-		errs[0] = fs[0]()
-	}
+	errs[0] = fs[0]()
 	wg.Wait()
 	for _, err := range errs {
 		if err != nil {
