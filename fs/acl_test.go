@@ -44,6 +44,28 @@ func aclXattr(entries ...aclEntry) []byte {
 	return b
 }
 
+// setACL sets ACL attribute name of p to value, or says the test cannot
+// run where the file system has no POSIX ACLs.
+func setACL(t *testing.T, p, name string, value []byte) {
+	t.Helper()
+	if err := unix.Setxattr(p, name, value, 0); err != nil {
+		if errors.Is(err, unix.EOPNOTSUPP) {
+			testenv.Missing(t, "the file system of %s has no POSIX ACLs", p)
+		}
+		t.Fatal(err)
+	}
+}
+
+// aclOf is ACL attribute name of p in hex, or the error reading it.
+func aclOf(p, name string) string {
+	b := make([]byte, 256)
+	n, err := unix.Getxattr(p, name, b)
+	if err != nil {
+		return err.Error()
+	}
+	return fmt.Sprintf("%x", b[:n])
+}
+
 // TestACLsAsTheBackingFile: POSIX ACLs of the backing files are
 // enforced through the mount exactly as on the backing directory: an
 // entry that refuses a user refuses it through the mount too (before,
@@ -90,12 +112,7 @@ func TestACLsAsTheBackingFile(t *testing.T) {
 				} else if err := os.WriteFile(p, []byte("secret\n"), 0o644); err != nil {
 					t.Fatal(err)
 				}
-				if err := unix.Setxattr(p, "system.posix_acl_access", acl, 0); err != nil {
-					if errors.Is(err, unix.EOPNOTSUPP) {
-						testenv.Missing(t, "the backing file system (%s) has no POSIX ACLs", top)
-					}
-					t.Fatal(err)
-				}
+				setACL(t, p, "system.posix_acl_access", acl)
 			}
 			mnt := filepath.Join(top, "mnt")
 			if err := os.Mkdir(mnt, 0o755); err != nil {
@@ -152,13 +169,9 @@ func TestACLsAsTheBackingFile(t *testing.T) {
 				t.Fatalf("nobody cannot read a new 0644 file: %s", got)
 			}
 			deny := acls["f-deny-user"]
-			if err := unix.Setxattr(p, "system.posix_acl_access", deny, 0); err != nil {
-				t.Fatal(err)
-			}
-			got := make([]byte, 256)
-			n, err := unix.Getxattr(filepath.Join(backing, "f-set-through"), "system.posix_acl_access", got)
-			if err != nil || string(got[:n]) != string(deny) {
-				t.Fatalf("the backing file's ACL after a set through the mount: %x, %v; want %x", got[:max(n, 0)], err, deny)
+			setACL(t, p, "system.posix_acl_access", deny)
+			if got, want := aclOf(filepath.Join(backing, "f-set-through"), "system.posix_acl_access"), fmt.Sprintf("%x", deny); got != want {
+				t.Fatalf("the backing file's ACL after a set through the mount: %s; want %s", got, want)
 			}
 			if got, native := asNobody(t, "cat", p), asNobody(t, "cat", filepath.Join(backing, "f-set-through")); got == "ok" || got != native {
 				t.Errorf("cat as nobody after an ACL refused it: %q through the mount, %q in the backing directory", got, native)
@@ -172,9 +185,7 @@ func TestACLsAsTheBackingFile(t *testing.T) {
 				if err := os.WriteFile(twin, []byte("secret\n"), 0o600); err != nil {
 					t.Fatal(err)
 				}
-				if err := unix.Setxattr(twin, "system.posix_acl_access", acls["f-grant-user"], 0); err != nil {
-					t.Fatal(err)
-				}
+				setACL(t, twin, "system.posix_acl_access", acls["f-grant-user"])
 				if got := asNobody(t, "cat", twin); got != "ok" {
 					t.Fatalf("nobody cannot read %s, which its ACL grants: %s", twin, got)
 				}
@@ -186,11 +197,8 @@ func TestACLsAsTheBackingFile(t *testing.T) {
 			if a, b := stat(t, np).Mode, stat(t, mp).Mode; a != b {
 				t.Errorf("chmod 0600 of a file with an ACL: mode %o through the mount, %o natively", b, a)
 			}
-			nb, mb := make([]byte, 256), make([]byte, 256)
-			nn, _ := unix.Getxattr(np, "system.posix_acl_access", nb)
-			mn, _ := unix.Getxattr(mp, "system.posix_acl_access", mb)
-			if string(nb[:max(nn, 0)]) != string(mb[:max(mn, 0)]) {
-				t.Errorf("chmod 0600 of a file with an ACL: ACL %x through the mount, %x natively", mb[:max(mn, 0)], nb[:max(nn, 0)])
+			if a, b := aclOf(np, "system.posix_acl_access"), aclOf(mp, "system.posix_acl_access"); a != b {
+				t.Errorf("chmod 0600 of a file with an ACL: ACL %s through the mount, %s natively", b, a)
 			}
 			if native, mounted := asNobody(t, "cat", np), asNobody(t, "cat", filepath.Join(srv.Mountpoint, "f-chmod-mnt")); native == "ok" || native != mounted {
 				t.Errorf("cat as nobody after chmod 0600: %q through the mount, %q natively", mounted, native)
@@ -216,25 +224,12 @@ func TestCreationModesAsTheBackingFile(t *testing.T) {
 	}
 	const nobody = 65534
 	def := aclXattr(aclEntry{aclUserObj, 7, aclNoID}, aclEntry{aclUser, 7, nobody}, aclEntry{aclGroupObj, 5, aclNoID}, aclEntry{aclMask, 7, aclNoID}, aclEntry{aclOther, 5, aclNoID})
-	if err := unix.Setxattr(filepath.Join(backing, "inherits"), "system.posix_acl_default", def, 0); err != nil {
-		if errors.Is(err, unix.EOPNOTSUPP) {
-			testenv.Missing(t, "the backing file system (%s) has no POSIX ACLs", top)
-		}
-		t.Fatal(err)
-	}
+	setACL(t, filepath.Join(backing, "inherits"), "system.posix_acl_default", def)
 	mnt := filepath.Join(top, "mnt")
 	if err := os.Mkdir(mnt, 0o755); err != nil {
 		t.Fatal(err)
 	}
 	srv := startServer(t, backing, mnt, true)
-	acl := func(p, name string) string {
-		b := make([]byte, 256)
-		n, err := unix.Getxattr(p, name, b)
-		if err != nil {
-			return err.Error()
-		}
-		return fmt.Sprintf("%x", b[:n])
-	}
 	for _, dir := range []string{"plain", "inherits"} {
 		for _, umask := range []string{"022", "077", "000"} {
 			// Made natively as "n-...", through the mount as "m-...",
@@ -254,7 +249,7 @@ func TestCreationModesAsTheBackingFile(t *testing.T) {
 					t.Errorf("%s/%s, umask %s: mode %o made through the mount, %o natively", dir, name, umask, m.Mode, n.Mode)
 				}
 				for _, attr := range []string{"system.posix_acl_access", "system.posix_acl_default"} {
-					if n, m := acl(native, attr), acl(mounted, attr); n != m {
+					if n, m := aclOf(native, attr), aclOf(mounted, attr); n != m {
 						t.Errorf("%s/%s, umask %s: %s %s made through the mount, %s natively", dir, name, umask, attr, m, n)
 					}
 				}

@@ -1,13 +1,10 @@
 package fs
 
 import (
-	"errors"
 	"path/filepath"
 	"testing"
 
 	"golang.org/x/sys/unix"
-
-	"github.com/tierfs/tierfs/internal/testenv"
 )
 
 // The umask a mode carries comes off it, but not in a directory with a
@@ -19,12 +16,7 @@ func TestCreationMode(t *testing.T) {
 		t.Fatal(err)
 	}
 	def := aclXattr(aclEntry{aclUserObj, 7, aclNoID}, aclEntry{aclGroupObj, 5, aclNoID}, aclEntry{aclOther, 5, aclNoID})
-	if err := unix.Setxattr(inherits, "system.posix_acl_default", def, 0); err != nil {
-		if errors.Is(err, unix.EOPNOTSUPP) {
-			testenv.Missing(t, "%s has no POSIX ACLs", top)
-		}
-		t.Fatal(err)
-	}
+	setACL(t, inherits, "system.posix_acl_default", def)
 	open := func(p string) int {
 		fd, err := unix.Open(p, unix.O_PATH|unix.O_DIRECTORY|unix.O_CLOEXEC, 0)
 		if err != nil {
