@@ -196,8 +196,8 @@ func run(c config) error {
 	}
 	add("store requests per shipped segment, by op", req1.Per(req0, float64(total)), "", false)
 	// The requests at rest are read before the pause, not just before
-	// the idle CPU is: a scrape of 100,000 segments' metrics leaves
-	// garbage that the collector would otherwise clear within it.
+	// the idle CPU is: a scrape of 100,000 segments' metrics allocates,
+	// and the collection that follows may fall within it.
 	req2, _ := benchutil.ReadStoreRequests(addr)
 	t2 := time.Now()
 	time.Sleep(5 * time.Second) // the pass that shipped the last ones ends
