@@ -14,11 +14,9 @@
 package main
 
 import (
-	"bufio"
 	"context"
 	"flag"
 	"fmt"
-	"net/http"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -302,7 +300,8 @@ func costOf(addr, backing string) cost {
 // fuseOps reads the mount's FUSE request counts and seconds by op.
 func fuseOps(addr string) (count, seconds map[string]float64) {
 	count, seconds = map[string]float64{}, map[string]float64{}
-	for k, v := range scrapeLabeled(addr) {
+	samples, _ := benchutil.Scrape(addr) // none if it cannot be read
+	for k, v := range samples {
 		op := labelValue(k, "op")
 		switch {
 		case strings.HasPrefix(k, "tierfs_fuse_requests_total{"):
@@ -327,30 +326,9 @@ func labelValue(sample, name string) string {
 // scrape sums each metric over its label sets.
 func scrape(addr string) map[string]float64 {
 	out := map[string]float64{}
-	for k, v := range scrapeLabeled(addr) {
+	samples, _ := benchutil.Scrape(addr) // none if it cannot be read
+	for k, v := range samples {
 		out[k[:strings.IndexAny(k+" ", "{ ")]] += v
-	}
-	return out
-}
-
-// scrapeLabeled reads every sample by its name and labels.
-func scrapeLabeled(addr string) map[string]float64 {
-	out := map[string]float64{}
-	resp, err := http.Get("http://" + addr + "/metrics")
-	if err != nil {
-		return out
-	}
-	defer resp.Body.Close()
-	sc := bufio.NewScanner(resp.Body)
-	for sc.Scan() {
-		l := sc.Text()
-		if strings.HasPrefix(l, "#") {
-			continue
-		}
-		name := l[:strings.LastIndexByte(l, ' ')]
-		if v, err := strconv.ParseFloat(l[strings.LastIndexByte(l, ' ')+1:], 64); err == nil {
-			out[name] += v
-		}
 	}
 	return out
 }

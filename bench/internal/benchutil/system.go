@@ -158,21 +158,45 @@ func ToolVersion(name string, args ...string) string {
 	return line
 }
 
+// Scrape reads every sample the Prometheus endpoint of a mount (its
+// --metrics-listen address) serves, by its name and labels as written
+// (`name{label="v"}`).
+func Scrape(addr string) (map[string]float64, error) {
+	resp, err := http.Get("http://" + addr + "/metrics")
+	if err != nil {
+		return nil, err
+	}
+	defer resp.Body.Close()
+	out := map[string]float64{}
+	sc := bufio.NewScanner(resp.Body)
+	for sc.Scan() {
+		l := sc.Text()
+		if strings.HasPrefix(l, "#") {
+			continue
+		}
+		i := strings.LastIndexByte(l, ' ')
+		if i < 0 {
+			continue
+		}
+		if v, err := strconv.ParseFloat(l[i+1:], 64); err == nil {
+			out[l[:i]] += v
+		}
+	}
+	return out, sc.Err()
+}
+
 // Metric reads an unlabelled metric from the Prometheus endpoint of a
 // mount (its --metrics-listen address).
 func Metric(addr, name string) (float64, error) {
-	resp, err := http.Get("http://" + addr + "/metrics")
+	samples, err := Scrape(addr)
 	if err != nil {
 		return 0, err
 	}
-	defer resp.Body.Close()
-	sc := bufio.NewScanner(resp.Body)
-	for sc.Scan() {
-		if v, ok := strings.CutPrefix(sc.Text(), name+" "); ok {
-			return strconv.ParseFloat(v, 64)
-		}
+	v, ok := samples[name]
+	if !ok {
+		return 0, fmt.Errorf("no %s in the metrics of %s", name, addr)
 	}
-	return 0, fmt.Errorf("no %s in the metrics of %s", name, addr)
+	return v, nil
 }
 
 // StoreRequests are a mount's requests to its store by op, as its
@@ -182,31 +206,20 @@ type StoreRequests map[string]float64
 // ReadStoreRequests scrapes the store requests of the mount serving
 // metrics at addr.
 func ReadStoreRequests(addr string) (StoreRequests, error) {
-	resp, err := http.Get("http://" + addr + "/metrics")
+	samples, err := Scrape(addr)
 	if err != nil {
 		return nil, err
 	}
-	defer resp.Body.Close()
-	const prefix = `tierfs_store_requests_total{op="`
 	r := StoreRequests{}
-	sc := bufio.NewScanner(resp.Body)
-	for sc.Scan() {
-		rest, ok := strings.CutPrefix(sc.Text(), prefix)
-		if !ok {
-			continue
-		}
-		op, v, ok := strings.Cut(rest, `"} `)
-		if !ok {
-			return nil, fmt.Errorf("metrics of %s: cannot read %q", addr, sc.Text())
-		}
-		if r[op], err = strconv.ParseFloat(v, 64); err != nil {
-			return nil, fmt.Errorf("metrics of %s: %q: %w", addr, sc.Text(), err)
+	for name, v := range samples {
+		if op, ok := strings.CutPrefix(name, `tierfs_store_requests_total{op="`); ok {
+			r[strings.TrimSuffix(op, `"}`)] = v
 		}
 	}
 	if len(r) == 0 {
 		return nil, fmt.Errorf("no tierfs_store_requests_total in the metrics of %s", addr)
 	}
-	return r, sc.Err()
+	return r, nil
 }
 
 // Per is what was made from r0 to r, per n (say, per segment shipped):
