@@ -31,6 +31,9 @@ func TestStoreRequestsPer(t *testing.T) {
 	if got, want := r.Per(r0, 10), "3.20 (put 2.00, head 1.00, put_if 0.20)"; got != want {
 		t.Errorf("Per: %q, want %q", got, want)
 	}
+	if got, want := r.Per(nil, 10), "4.70 (put 3.00, head 1.10, get 0.40, put_if 0.20)"; got != want {
+		t.Errorf("Per from the start: %q, want %q", got, want)
+	}
 	if got := r.Per(r, 10); got != "0" {
 		t.Errorf("nothing made: %q", got)
 	}

@@ -222,8 +222,9 @@ func ReadStoreRequests(addr string) (StoreRequests, error) {
 	return r, nil
 }
 
-// Per is what was made from r0 to r, per n (say, per segment shipped):
-// the total, and the ops made, most first, as "put 6.0, head 2.0".
+// Per is what was made from r0 (nil: from the start) to r, per n (say,
+// per segment shipped): the total, and the ops made, most first, as
+// "put 6.0, head 2.0".
 func (r StoreRequests) Per(r0 StoreRequests, n float64) string {
 	type opN struct {
 		op string
