@@ -31,6 +31,9 @@ import (
 
 const chunk = 8 << 20
 
+// blockSize is the manifests' block size.
+const blockSize = chunkxfer.DefaultBlockSize
+
 func main() {
 	bin := flag.String("tierfs", "bin/tierfs", "tierfs binary")
 	sizeFlag := flag.String("size", "1GiB", "evicted segment size")
@@ -127,7 +130,7 @@ func main() {
 		benchutil.DropCaches()
 		res[name] = append(res[name], mb/benchutil.Time(fn).Seconds())
 	}
-	var firstByte, firstGet, firstGet4k []float64
+	var firstByte, firstOpen, firstRead, firstGet, firstGet4k, firstGetBlock []float64
 	for run := range *runs {
 		fmt.Fprintf(os.Stderr, "run %d/%d\n", run+1, *runs)
 		// Everything is measured in every run, in turn, so that each
@@ -141,7 +144,16 @@ func main() {
 		for range 5 {
 			off := r.Int64N(size - 4096)
 			benchutil.DropCaches()
-			firstByte = append(firstByte, benchutil.Time(func() { preadOnce(segPath, off) }).Seconds()*1000)
+			open, read := preadOnce(segPath, off)
+			firstByte = append(firstByte, (open+read).Seconds()*1000)
+			firstOpen = append(firstOpen, open.Seconds()*1000)
+			firstRead = append(firstRead, read.Seconds()*1000)
+			benchutil.DropCaches()
+			// What the mount's first read fetches, unless the kernel's
+			// read crosses into the next block: the 256 KiB block
+			// that holds the offset.
+			b0 := off / blockSize * blockSize
+			firstGetBlock = append(firstGetBlock, benchutil.Time(func() { rawGetRange(ctx, client, bucket, key, b0, min(blockSize, size-b0)) }).Seconds()*1000)
 			benchutil.DropCaches()
 			firstGet = append(firstGet, benchutil.Time(func() { rawGetRange(ctx, client, bucket, key, off/chunk*chunk, min(chunk, size-off/chunk*chunk)) }).Seconds()*1000)
 			benchutil.DropCaches()
@@ -187,8 +199,9 @@ func main() {
 	}
 	rep.Charts = []benchutil.Chart{ch}
 	rep.After = []string{
-		fmt.Sprintf("First byte at a random offset through the mount (cold, median of %d samples): %.1f ms; one raw GET of its 8 MiB chunk %.1f ms (× %.2f); of 4 KiB %.1f ms.",
-			len(firstByte), benchutil.Median(firstByte), benchutil.Median(firstGet), benchutil.Median(firstByte)/benchutil.Median(firstGet), benchutil.Median(firstGet4k)),
+		fmt.Sprintf("First byte at a random offset through the mount (cold, median of %d samples): %.1f ms (the open %.1f ms, the read %.1f ms); one raw GET of its 8 MiB chunk %.1f ms (× %.2f); of the 256 KiB block that holds it %.1f ms; of 4 KiB %.1f ms (× %.2f).",
+			len(firstByte), benchutil.Median(firstByte), benchutil.Median(firstOpen), benchutil.Median(firstRead), benchutil.Median(firstGet), benchutil.Median(firstByte)/benchutil.Median(firstGet),
+			benchutil.Median(firstGetBlock), benchutil.Median(firstGet4k), benchutil.Median(benchutil.Ratios(firstByte, firstGet4k))),
 		fmt.Sprintf("ls -l of %d segments (%d files): mount %.3f s, native %.3f s (× %.2f).", *segments, 3**segments, benchutil.Median(lsMount), benchutil.Median(lsNative), benchutil.Median(lsMount)/benchutil.Median(lsNative)),
 	}
 	check(rep.Emit())
@@ -208,13 +221,19 @@ func readFile(path string, bs int) {
 	}
 }
 
-func preadOnce(path string, off int64) {
+// preadOnce opens path and reads the byte at off; it returns how long
+// the open and the read took.
+func preadOnce(path string, off int64) (open, read time.Duration) {
+	t0 := time.Now()
 	f, err := os.Open(path)
 	check(err)
 	defer f.Close()
+	open = time.Since(t0)
 	buf := make([]byte, 1)
+	t1 := time.Now()
 	_, err = f.ReadAt(buf, off)
 	check(err)
+	return open, time.Since(t1)
 }
 
 func rawGetRange(ctx context.Context, c *s3.Client, bucket, key string, off, n int64) {
