@@ -15,7 +15,9 @@ import (
 	"context"
 	"flag"
 	"fmt"
+	"io"
 	"io/fs"
+	"net/http"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -217,6 +219,8 @@ func run(c config) error {
 	add("Go heap, idle", heapLine(addr), "", false)
 	st := statusTime(c.bin, mnt)
 	add("tierfs status (median of 3)", st.Round(time.Millisecond).String(), "≤ 1s", st <= time.Second)
+	scrape, body := scrapeCost(pid, addr, cpu2)
+	add("a Prometheus scrape at rest (median of 5)", fmt.Sprintf("%.1f ms of tierfs's CPU, %s of text; %.3f%% of a core at a 15 s scrape interval", 1000*scrape, size(body), 100*scrape/15), "", false)
 	state := dirBytes(filepath.Join(backing, ".tierfs"))
 	per := state / int64(total)
 	add("local state per shipped segment (.tierfs, allocated)", size(per), "≤ 2 KiB", per <= 2<<10)
@@ -360,6 +364,33 @@ func heapLine(addr string) string {
 		}
 	}
 	return fmt.Sprintf("%s in use, next collection at %s, %s free and not given back; %d goroutines, %s of stacks", size(int64(v[0])), size(int64(v[1])), size(int64(v[2]-v[3])), int(v[5]), size(int64(v[4])))
+}
+
+// scrapeCost is what one read of a mount's metrics page costs it at
+// rest: the median CPU seconds of five scrapes 1 s apart (each counted
+// from just before its request until 200 ms after its reply, the
+// collection it may cause included, less the idle share of a core it
+// uses anyway) and the page's size.
+func scrapeCost(pid int, addr string, idle float64) (cpu float64, body int64) {
+	var cpus []float64
+	for range 5 {
+		time.Sleep(time.Second)
+		t0 := time.Now()
+		a, err := procmem.CPUSeconds(pid)
+		if err != nil {
+			return 0, 0
+		}
+		resp, err := http.Get("http://" + addr + "/metrics")
+		if err != nil {
+			return 0, 0
+		}
+		body, _ = io.Copy(io.Discard, resp.Body)
+		resp.Body.Close()
+		time.Sleep(200 * time.Millisecond)
+		b, _ := procmem.CPUSeconds(pid)
+		cpus = append(cpus, max(0, b-a-idle*time.Since(t0).Seconds()))
+	}
+	return benchutil.Median(cpus), body
 }
 
 // idleCPU is the share of a core process pid used over d.
