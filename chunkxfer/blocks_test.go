@@ -252,10 +252,25 @@ func FuzzParseManifest(f *testing.F) {
 	f.Add(b)
 	f.Add([]byte(`{"version":1,"key":"k","size":0,"chunk_size":8,"crc32c":[],"whole":"crc32c-composite:00000000-0"}`))
 	f.Add([]byte(`{"version":1,"block_size":-1}`))
+	in := &Manifest{Version: inlineVersion, Key: "k", Size: 5, ChunkSize: 64, Inline: []byte("hello")}
+	in.CRC32C = []uint32{crc32c(in.Inline)}
+	in.Whole = compositeChecksum(in.CRC32C)
+	b, _ = json.Marshal(in)
+	f.Add(b)
 	f.Fuzz(func(t *testing.T, b []byte) {
 		m, err := ParseManifest(b)
 		if err != nil {
 			return
+		}
+		if m.Inline != nil {
+			// Every byte of an inline object reads, and checks.
+			rc, err := getRange(context.Background(), nil, m, 0, m.Size)
+			if err != nil {
+				t.Fatalf("inline manifest of %d bytes: %v", m.Size, err)
+			}
+			if got, err := readFullCRC(rc, make([]byte, m.Size)); err != nil || got != m.CRC32C[0] {
+				t.Fatalf("inline bytes read %v, CRC32C %08x, manifest says %08x", err, got, m.CRC32C[0])
+			}
 		}
 		for i := range min(m.Chunks(), 1000) {
 			if off, n := m.ChunkRange(i); off < 0 || n <= 0 || off+n > m.Size {

@@ -58,7 +58,16 @@ type Manifest struct {
 	// versions before 2026-12, have none.
 	BlockSize   int64  `json:"block_size,omitempty"`
 	BlockCRC32C []byte `json:"block_crc32c,omitempty"`
+	// Inline, when set, is the whole object: a small file is stored in
+	// its manifest alone (version 2, no object, no ETag), one request
+	// instead of two. Its one chunk's CRC32C is checked as any other.
+	Inline []byte `json:"inline,omitempty"`
 }
+
+// DefaultInlineMax is the largest file an Uploader stores in its
+// manifest (Uploader.UploadSmall): the index files, producer snapshot
+// and leader-epoch checkpoint of a segment of up to about 20 MiB.
+const DefaultInlineMax = 64 << 10
 
 // DefaultBlockSize is the block of a first read: about one GET's
 // latency of transfer on a fast network, so that the first byte costs
@@ -106,6 +115,11 @@ type Source struct {
 
 const manifestVersion = 1
 
+// inlineVersion is the version of a manifest that holds its object
+// (Inline): a version that does not know the field refuses it by its
+// version rather than looking for an object that is not there.
+const inlineVersion = 2
+
 // manifestSuffix ends every manifest's key.
 const manifestSuffix = ".tierfs-manifest"
 
@@ -117,9 +131,10 @@ func ManifestKey(key string) string { return key + manifestSuffix }
 func ManifestOf(key string) (string, bool) { return strings.CutSuffix(key, manifestSuffix) }
 
 // NoObject says the manifest is the whole of what is stored: an empty
-// file (no ETag) has no object. Manifests of versions before 2026-12
-// name an empty object, with its ETag.
-func (m *Manifest) NoObject() bool { return m.Size == 0 && m.ETag == "" }
+// file (no ETag) has no object, nor has a small one stored in its
+// manifest (Inline). Manifests of versions before 2026-12 name an empty
+// object, with its ETag.
+func (m *Manifest) NoObject() bool { return m.ETag == "" && int64(len(m.Inline)) == m.Size }
 
 // Chunks is the number of chunks.
 func (m *Manifest) Chunks() int { return len(m.CRC32C) }
@@ -141,14 +156,20 @@ func compositeChecksum(crcs []uint32) string {
 // check verifies the manifest is self-consistent.
 func (m *Manifest) check() error {
 	switch {
-	case m.Version != manifestVersion:
-		return fmt.Errorf("manifest of %s: version %d, want %d", m.Key, m.Version, manifestVersion)
+	case m.Version != manifestVersion && m.Version != inlineVersion:
+		return fmt.Errorf("manifest of %s: version %d, want %d or %d", m.Key, m.Version, manifestVersion, inlineVersion)
+	case (m.Version == inlineVersion) != (m.Inline != nil):
+		return fmt.Errorf("manifest of %s: version %d with %d inline bytes (only version %d holds its object)", m.Key, m.Version, len(m.Inline), inlineVersion)
+	case m.Inline != nil && (int64(len(m.Inline)) != m.Size || m.Size == 0 || m.Size > m.ChunkSize || m.ETag != ""):
+		return fmt.Errorf("manifest of %s: %d inline bytes for an object of %d (etag %q, chunk size %d)", m.Key, len(m.Inline), m.Size, m.ETag, m.ChunkSize)
 	case m.ChunkSize <= 0 || m.Size < 0:
 		return fmt.Errorf("manifest of %s: size %d, chunk size %d", m.Key, m.Size, m.ChunkSize)
 	case int64(len(m.CRC32C)) != (m.Size+m.ChunkSize-1)/m.ChunkSize:
 		return fmt.Errorf("manifest of %s: %d checksums for %d bytes in chunks of %d", m.Key, len(m.CRC32C), m.Size, m.ChunkSize)
 	case m.Whole != compositeChecksum(m.CRC32C):
 		return fmt.Errorf("manifest of %s: whole-file checksum %s does not match its chunk checksums", m.Key, m.Whole)
+	case m.Inline != nil && crc32c(m.Inline) != m.CRC32C[0]:
+		return fmt.Errorf("manifest of %s: its inline bytes have CRC32C %08x, its chunk checksum says %08x: %w", m.Key, crc32c(m.Inline), m.CRC32C[0], ErrChecksum)
 	case m.BlockSize == 0 && len(m.BlockCRC32C) == 0:
 		// no blocks
 	case m.BlockSize <= 0 || m.ChunkSize%m.BlockSize != 0:
@@ -236,9 +257,23 @@ func putManifest(ctx context.Context, s store.Store, m *Manifest) error {
 var ErrChecksum = errors.New("checksum mismatch")
 
 // Verify reads the whole object back and checks every chunk against the
-// manifest: the check before local bytes may be freed.
+// manifest: the check before local bytes may be freed. An object stored
+// in its manifest (Inline) is read back by reading the manifest back.
 func Verify(ctx context.Context, s store.Store, m *Manifest) error {
 	return verify(ctx, s, m, make([]byte, verifyLen(m)))
+}
+
+// verifyInline reads back the manifest of m, whose object it holds, and
+// checks that the store's copy holds the same bytes.
+func verifyInline(ctx context.Context, s store.Store, m *Manifest) error {
+	got, err := LoadManifest(ctx, s, m.Key)
+	if err != nil {
+		return fmt.Errorf("verify %s: %w", m.Key, err)
+	}
+	if !bytes.Equal(got.Inline, m.Inline) || got.Source != m.Source || got.From != m.From {
+		return fmt.Errorf("verify %s: the store's manifest holds %d other bytes (of %v at %d): %w", m.Key, len(got.Inline), got.Source, got.From, ErrChecksum)
+	}
+	return nil
 }
 
 // verifyLen is the buffer Verify needs: a small object needs no whole
@@ -248,6 +283,9 @@ func verifyLen(m *Manifest) int64 { return min(m.ChunkSize, m.Size) }
 // verify is Verify with a buffer of at least verifyLen(m) bytes, every
 // byte of which it fills before it reads it.
 func verify(ctx context.Context, s store.Store, m *Manifest, buf []byte) error {
+	if m.Inline != nil {
+		return verifyInline(ctx, s, m)
+	}
 	for i := range m.Chunks() {
 		off, n := m.ChunkRange(i)
 		if err := fetchChunk(ctx, s, m, i, buf[:n]); err != nil {

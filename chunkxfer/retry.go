@@ -1,6 +1,7 @@
 package chunkxfer
 
 import (
+	"bytes"
 	"context"
 	"errors"
 	"fmt"
@@ -56,7 +57,7 @@ func fetchChunkWith(ctx context.Context, policy retryPolicy, s store.Store, m *M
 		return fmt.Errorf("chunk %d: buffer of %d bytes for %d", i, len(buf), n)
 	}
 	return policy.do(ctx, func() error {
-		rc, err := s.Get(ctx, m.Key, off, n, store.GetOptions{IfMatch: m.ETag})
+		rc, err := getRange(ctx, s, m, off, n)
 		if err != nil {
 			return err
 		}
@@ -81,7 +82,7 @@ func fetchBlocksWith(ctx context.Context, policy retryPolicy, s store.Store, m *
 		return fmt.Errorf("blocks %d-%d: buffer of %d bytes for %d", b0, b1, len(buf), n)
 	}
 	return policy.do(ctx, func() error {
-		rc, err := s.Get(ctx, m.Key, off, n, store.GetOptions{IfMatch: m.ETag})
+		rc, err := getRange(ctx, s, m, off, n)
 		if err != nil {
 			return err
 		}
@@ -98,6 +99,19 @@ func fetchBlocksWith(ctx context.Context, policy retryPolicy, s store.Store, m *
 		}
 		return nil
 	})
+}
+
+// getRange reads n bytes of m's object from off: from the store, on the
+// condition that the object is still the one m describes, or from m
+// itself when it holds the object (Inline).
+func getRange(ctx context.Context, s store.Store, m *Manifest, off, n int64) (io.ReadCloser, error) {
+	if m.Inline != nil {
+		if off < 0 || off+n > int64(len(m.Inline)) {
+			return nil, fmt.Errorf("%s: bytes %d to %d of %d held inline", m.Key, off, off+n, len(m.Inline))
+		}
+		return io.NopCloser(bytes.NewReader(m.Inline[off : off+n])), nil
+	}
+	return s.Get(ctx, m.Key, off, n, store.GetOptions{IfMatch: m.ETag})
 }
 
 // readFullCRC is io.ReadFull that also returns the CRC32C of buf, summed

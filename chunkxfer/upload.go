@@ -37,6 +37,10 @@ type Uploader struct {
 	// (Manifest.BlockSize): DefaultBlockSize when 0, none when
 	// negative or when it does not divide the chunk size.
 	BlockSize int64
+	// InlineMax is the largest file UploadSmall stores in its manifest
+	// alone (Manifest.Inline): DefaultInlineMax when 0, none when
+	// negative. It is at most the chunk size.
+	InlineMax int64
 	Parallel  int // parts in flight; 4 when 0
 	// Settle refuses files changed less than this long ago: ctime has
 	// coarse (jiffy) granularity, so a write in the same tick as the
@@ -250,7 +254,33 @@ func (u *Uploader) UploadNew(ctx context.Context, path, key string, from int64, 
 	return u.upload(ctx, path, key, from, progress, true)
 }
 
+// UploadSmall uploads the whole of a file that may be small enough to be
+// stored in its manifest alone (InlineMax): one request instead of two,
+// for the index files, producer snapshot and leader-epoch checkpoint of
+// a small segment. A larger file is uploaded as UploadNew (fresh: the
+// key was never uploaded to) or UploadFrom position 0 does. Stores read
+// by versions that do not know such manifests refuse them by their
+// version; so should not be given any.
+func (u *Uploader) UploadSmall(ctx context.Context, path, key string, fresh bool) (*Manifest, error) {
+	return u.uploadMaybeInline(ctx, path, key, 0, nil, fresh, true)
+}
+
+// inlineMax is the largest file UploadSmall stores inline.
+func (u *Uploader) inlineMax() int64 {
+	switch {
+	case u.InlineMax < 0:
+		return 0
+	case u.InlineMax == 0:
+		return min(DefaultInlineMax, u.chunkSize())
+	}
+	return min(u.InlineMax, u.chunkSize())
+}
+
 func (u *Uploader) upload(ctx context.Context, path, key string, from int64, progress Progress, fresh bool) (*Manifest, error) {
+	return u.uploadMaybeInline(ctx, path, key, from, progress, fresh, false)
+}
+
+func (u *Uploader) uploadMaybeInline(ctx context.Context, path, key string, from int64, progress Progress, fresh, inline bool) (*Manifest, error) {
 	f, err := os.Open(path)
 	if err != nil {
 		return nil, err
@@ -278,7 +308,7 @@ func (u *Uploader) upload(ctx context.Context, path, key string, from int64, pro
 	}
 	if u.OneRequest(src.Size - from) {
 		if _, err := os.Stat(journalPath(u.JournalDir, "upload", key)); errors.Is(err, os.ErrNotExist) {
-			return u.putSmall(ctx, f, path, key, src, from, progress)
+			return u.putSmall(ctx, f, path, key, src, from, progress, inline && src.Size-from <= u.inlineMax())
 		}
 		// An upload of the key left a journal: the multipart path
 		// resumes or aborts it.
@@ -624,7 +654,7 @@ const smallUpload = 1 << 20
 // putSmall stores bytes [from, size) of a file of at most one chunk and
 // smallUpload bytes in one request: read, checked to be what the file
 // still holds, checksummed, then put, and its manifest after it.
-func (u *Uploader) putSmall(ctx context.Context, f *os.File, path, key string, src Source, from int64, progress Progress) (*Manifest, error) {
+func (u *Uploader) putSmall(ctx context.Context, f *os.File, path, key string, src Source, from int64, progress Progress, inline bool) (*Manifest, error) {
 	size := src.Size - from
 	buf := make([]byte, size)
 	if _, err := f.ReadAt(buf, from); err != nil {
@@ -643,6 +673,18 @@ func (u *Uploader) putSmall(ctx context.Context, f *os.File, path, key string, s
 		progress(0, size)
 	}
 	crcs := []uint32{crc32c(buf)}
+	if inline {
+		// The manifest is the object: no object, no ETag.
+		m := u.manifest(key, "", size, u.chunkSize(), crcs, src, from)
+		m.Version, m.Inline = inlineVersion, buf
+		if err := putManifest(ctx, u.Store, m); err != nil {
+			return nil, err
+		}
+		if progress != nil {
+			progress(size, size)
+		}
+		return m, nil
+	}
 	var info store.ObjectInfo
 	err := defaultRetry.do(ctx, func() error {
 		if err := pace(ctx, u.Limit, size); err != nil {

@@ -3,6 +3,7 @@ package chunkxfer
 import (
 	"bytes"
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
@@ -824,5 +825,102 @@ func TestUploadFromSendsATornObjectAgain(t *testing.T) {
 	got, err := store.ReadAll(d.Get(ctx, "p/k", 0, -1, store.GetOptions{}))
 	if err != nil || !bytes.Equal(got, want) {
 		t.Fatalf("object: %d bytes, %v", len(got), err)
+	}
+}
+
+// TestUploadSmallInline (all three stores): UploadSmall stores a file of
+// up to InlineMax bytes in its manifest alone, one put and no object; it
+// reads back through LoadManifest, the Reader, the Downloader and Verify,
+// each byte checked; a second UploadSmall of the unchanged file sends
+// nothing; a larger file is an object as before. A manifest whose inline
+// bytes were changed in the store fails Verify and every read, and one
+// of another version than 2 is refused.
+func TestUploadSmallInline(t *testing.T) {
+	for _, b := range backends(t) {
+		t.Run(b.name, func(t *testing.T) {
+			ctx := context.Background()
+			dir := t.TempDir()
+			calls := &store.Requests{}
+			s := store.Counted(b.s, calls)
+			up := &Uploader{Store: s, JournalDir: filepath.Join(dir, "journal"), ChunkSize: b.chunk, InlineMax: 4 << 10}
+			path := filepath.Join(dir, "f")
+			want := randomFile(t, path, 4<<10, 21)
+			m, err := up.UploadSmall(ctx, path, "p/small", true)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if got := calls.Total(); got != 1 {
+				t.Fatalf("%d requests for a small file, want 1 (its manifest)", got)
+			}
+			if !bytes.Equal(m.Inline, want) || !m.NoObject() || m.Version != inlineVersion {
+				t.Fatalf("manifest: version %d, %d inline bytes, no object %v", m.Version, len(m.Inline), m.NoObject())
+			}
+			if _, err := b.s.Head(ctx, "p/small"); !errors.Is(err, store.ErrNotFound) {
+				t.Fatalf("a small file has an object: %v", err)
+			}
+			loaded, err := LoadManifest(ctx, b.s, "p/small")
+			if err != nil || !bytes.Equal(loaded.Inline, want) {
+				t.Fatalf("load: %v", err)
+			}
+			if err := Verify(ctx, b.s, m); err != nil {
+				t.Fatal(err)
+			}
+			dest := filepath.Join(dir, "back")
+			if _, err := (&Downloader{Store: b.s, JournalDir: filepath.Join(dir, "journal")}).Download(ctx, "p/small", dest); err != nil {
+				t.Fatal(err)
+			}
+			if got, _ := os.ReadFile(dest); !bytes.Equal(got, want) {
+				t.Fatal("download differs")
+			}
+			pool, _ := NewPool(4*b.chunk, nil)
+			defer pool.Close()
+			r, err := NewReader(ctx, b.s, "p/small", pool, ReaderOptions{})
+			if err != nil {
+				t.Fatal(err)
+			}
+			got, err := io.ReadAll(io.NewSectionReader(r, 0, r.Size()))
+			r.Close()
+			if err != nil || !bytes.Equal(got, want) {
+				t.Fatalf("reader: %d bytes, %v", len(got), err)
+			}
+			before := calls.Total()
+			if again, err := up.UploadSmall(ctx, path, "p/small", false); err != nil || !bytes.Equal(again.Inline, want) || calls.Total() != before+1 {
+				t.Fatalf("UploadSmall of the unchanged file: %v, %d requests (want one read of the manifest)", err, calls.Total()-before)
+			}
+
+			// One byte over InlineMax: an object and its manifest.
+			big := filepath.Join(dir, "big")
+			randomFile(t, big, 4<<10+1, 22)
+			mb, err := up.UploadSmall(ctx, big, "p/big", true)
+			if err != nil || mb.Inline != nil || mb.ETag == "" {
+				t.Fatalf("a file over InlineMax: %+v, %v", mb, err)
+			}
+
+			// The store's copy changed: the same size and version, one
+			// byte flipped, its checksums left as they were.
+			bad := *m
+			bad.Inline = bytes.Clone(m.Inline)
+			bad.Inline[100] ^= 1
+			raw, _ := json.Marshal(&bad)
+			if _, err := b.s.Put(ctx, ManifestKey("p/small"), bytes.NewReader(raw), int64(len(raw))); err != nil {
+				t.Fatal(err)
+			}
+			if err := Verify(ctx, b.s, m); !errors.Is(err, ErrChecksum) {
+				t.Fatalf("verify of a changed copy: %v", err)
+			}
+			if _, err := LoadManifest(ctx, b.s, "p/small"); !errors.Is(err, ErrChecksum) {
+				t.Fatalf("load of a changed copy: %v", err)
+			}
+			if _, err := NewReader(ctx, b.s, "p/small", pool, ReaderOptions{}); err == nil {
+				t.Fatal("a reader opened a changed copy")
+			}
+			// Version 1 does not hold its object.
+			v1 := *m
+			v1.Version = manifestVersion
+			raw, _ = json.Marshal(&v1)
+			if _, err := ParseManifest(raw); err == nil {
+				t.Fatal("a version 1 manifest with inline bytes parsed")
+			}
+		})
 	}
 }
