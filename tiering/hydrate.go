@@ -225,9 +225,9 @@ func (hy *hydrator) restoreIndexes(ctx context.Context, path string, rec Record)
 		key := strings.TrimSuffix(rec.Key, kafka.KindLog) + kind
 		b, err := store.ReadAll(hy.t.cfg.Store.Get(ctx, key, 0, -1, store.GetOptions{}))
 		if errors.Is(err, store.ErrNotFound) {
-			// An empty one is its manifest alone.
+			// An empty or small one is its manifest alone.
 			if m, merr := chunkxfer.LoadManifest(ctx, hy.t.cfg.Store, key); merr == nil && m.NoObject() {
-				b, err = nil, nil
+				b, err = m.Inline, nil
 			}
 		}
 		if errors.Is(err, store.ErrNotFound) {

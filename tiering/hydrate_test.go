@@ -76,8 +76,15 @@ func TestHydrate(t *testing.T) {
 	os.Remove(ixPath)
 	os.Remove(tixPath)
 	rec0, _, _ := readRecord(p)
-	if err := s.Delete(ctx, strings.TrimSuffix(rec0.Key, ".log")+".timeindex"); err != nil {
-		t.Fatal(err)
+	// (A small index file is held by its manifest, without an object.)
+	tixKey := strings.TrimSuffix(rec0.Key, ".log") + ".timeindex"
+	for _, k := range []string{tixKey, chunkxfer.ManifestKey(tixKey)} {
+		if err := s.Delete(ctx, k); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if m, err := chunkxfer.LoadManifest(ctx, s, strings.TrimSuffix(rec0.Key, ".log")+".index"); err != nil || m.Inline == nil {
+		t.Fatalf("the .index is not held by its manifest: %v", err)
 	}
 	gen := tr.Counters().HydratedSegments[tiered.CauseHydrate].Load()
 	var done, total int64

@@ -153,8 +153,8 @@ func wantedFiles(objs []store.ObjectInfo) map[string]store.ObjectInfo {
 	for _, o := range objs {
 		byKey[o.Key] = o
 	}
-	// An empty file is its manifest alone: listed as an object of no
-	// bytes and no ETag (appended to a slice of its own, not into the
+	// An empty or small file is its manifest alone: listed as an object
+	// of no bytes and no ETag (appended to a slice of its own, not into the
 	// caller's).
 	objs = slices.Clip(objs)
 	for _, o := range objs {
@@ -278,13 +278,17 @@ func (mr *mirror) mirrorFile(ctx context.Context, rel string, o store.ObjectInfo
 			return err
 		}
 	} else if o.ETag == "" && o.Size == 0 {
-		// Only its manifest is stored: it must say the file is empty.
+		// Only its manifest is stored: it must say the file is empty,
+		// or hold its bytes (checked against its checksum).
 		m, err := chunkxfer.LoadManifest(ctx, mr.t.cfg.Store, o.Key)
 		if err != nil {
 			return err
 		}
 		if !m.NoObject() {
 			return fmt.Errorf("its object is missing, and its manifest is of %d bytes", m.Size)
+		}
+		if _, err := f.Write(m.Inline); err != nil {
+			return err
 		}
 	} else {
 		b, err := store.ReadAll(mr.t.cfg.Store.Get(ctx, o.Key, 0, -1, store.GetOptions{}))

@@ -1,6 +1,7 @@
 package tiering
 
 import (
+	"bytes"
 	"context"
 	"os"
 	"path/filepath"
@@ -70,8 +71,11 @@ func TestMirror(t *testing.T) {
 				}
 			}
 		}
-		if _, err := os.Stat(filepath.Join(readerRoot, p, "leader-epoch-checkpoint")); err != nil {
-			t.Errorf("%s: no leader-epoch-checkpoint: %v", p, err)
+		// Held by its manifest (a small file), read back byte for byte.
+		got, err := os.ReadFile(filepath.Join(readerRoot, p, "leader-epoch-checkpoint"))
+		want, _ := os.ReadFile(filepath.Join(root, p, "leader-epoch-checkpoint"))
+		if err != nil || len(want) == 0 || !bytes.Equal(got, want) {
+			t.Errorf("%s: leader-epoch-checkpoint %q, %v; want %q", p, got, err, want)
 		}
 	}
 	if fi, err := os.Stat(filepath.Join(readerRoot, "orders-0", kafkaName(bases["orders-0"][0], ".txnindex"))); err != nil || fi.Size() != 0 {

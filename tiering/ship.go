@@ -606,8 +606,11 @@ func (sp *shipper) upload(ctx context.Context, c *shipCommit, progress chunkxfer
 				// Appeared after the shipment was catalogued: kept local only.
 				continue
 			}
+			// A small one (most are: index files of small segments,
+			// the leader-epoch checkpoint, snapshots) is stored in its
+			// manifest alone.
 			puts = append(puts, func() error {
-				if _, err := upload(ctx, sk.path, sk.key, 0, nil); err != nil {
+				if _, err := sp.t.up.UploadSmall(ctx, sk.path, sk.key, c.fresh); err != nil {
 					return fmt.Errorf("ship %s: %w", filepath.Base(sk.path), err)
 				}
 				return nil

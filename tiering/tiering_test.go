@@ -383,23 +383,31 @@ func TestShipRequestsPerSegment(t *testing.T) {
 	}
 	ships, _ := tr.shipments.all()
 	puts, gets, heads := s.Calls(store.OpPut), s.Calls(store.OpGet), s.Calls(store.OpHead)
-	objects, empty := 0, 0
+	objects, empty, inline := 0, 0, 0
 	for _, sh := range ships {
 		for _, k := range ownObjects(sh) {
 			objects++
-			if m, err := chunkxfer.LoadManifest(context.Background(), s, k); err == nil && m.NoObject() {
+			m, err := chunkxfer.LoadManifest(context.Background(), s, k)
+			switch {
+			case err != nil || !m.NoObject():
+			case m.Inline != nil:
+				inline++ // a small file: its manifest alone, holding it
+			default:
 				empty++ // an empty file: its manifest alone
 			}
 		}
 	}
-	// Each object once (an empty file's only in its manifest), and the
-	// partition's index once for the pass's segments (a commit of them
-	// all).
+	// Each object once (an empty or small file's only in its manifest),
+	// and the partition's index once for the pass's segments (a commit
+	// of them all).
 	if empty == 0 {
 		t.Error("no empty file among the segments' objects (a one-batch segment's .index and .timeindex are empty)")
 	}
-	if puts != objects-empty+1 {
-		t.Errorf("%d puts for %d objects (%d of them empty files) of %d segments", puts, objects, empty, rep.Shipped)
+	if inline != rep.Shipped {
+		t.Errorf("%d small files held by their manifests, want one a segment (its copy of the leader-epoch-checkpoint)", inline)
+	}
+	if puts != objects-empty-inline+1 {
+		t.Errorf("%d puts for %d objects (%d of them empty files, %d small) of %d segments", puts, objects, empty, inline, rep.Shipped)
 	}
 	if gets != rep.Shipped {
 		t.Errorf("%d gets for %d segments, want one each (the check of the copy)", gets, rep.Shipped)
