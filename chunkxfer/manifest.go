@@ -62,6 +62,10 @@ type Manifest struct {
 	// its manifest alone (version 2, no object, no ETag), one request
 	// instead of two. Its one chunk's CRC32C is checked as any other.
 	Inline []byte `json:"inline,omitempty"`
+	// Attached is what the uploader's caller stored with the object
+	// (UploadOptions.Attach): tiering's batch list of a small .log
+	// object (docs/formats.md). chunkxfer does not read it.
+	Attached []byte `json:"attached,omitempty"`
 }
 
 // DefaultInlineMax is the largest file an Uploader stores in its

@@ -243,26 +243,52 @@ func (u *Uploader) UploadProgress(ctx context.Context, path, key string, progres
 // to its end: the object holds them from its position 0, and its
 // manifest says where in the file it starts (Manifest.From).
 func (u *Uploader) UploadFrom(ctx context.Context, path, key string, from int64, progress Progress) (*Manifest, error) {
-	return u.upload(ctx, path, key, from, progress, false)
+	return u.UploadWith(ctx, path, key, UploadOptions{From: from, Progress: progress})
 }
 
 // UploadNew is UploadFrom for a key the caller knows was never uploaded
-// to (tiering catalogs every object before its first byte is sent, under
-// a name no other version has): it does not look for a finished upload
-// of it in the store first. A journal of the key is still resumed.
+// to (UploadOptions.Fresh).
 func (u *Uploader) UploadNew(ctx context.Context, path, key string, from int64, progress Progress) (*Manifest, error) {
-	return u.upload(ctx, path, key, from, progress, true)
+	return u.UploadWith(ctx, path, key, UploadOptions{From: from, Progress: progress, Fresh: true})
 }
 
 // UploadSmall uploads the whole of a file that may be small enough to be
-// stored in its manifest alone (InlineMax): one request instead of two,
-// for the index files, producer snapshot and leader-epoch checkpoint of
-// a small segment. A larger file is uploaded as UploadNew (fresh: the
-// key was never uploaded to) or UploadFrom position 0 does. Stores read
-// by versions that do not know such manifests refuse them by their
-// version; so should not be given any.
+// stored in its manifest alone (UploadOptions.Inline); fresh as
+// UploadOptions.Fresh.
 func (u *Uploader) UploadSmall(ctx context.Context, path, key string, fresh bool) (*Manifest, error) {
-	return u.uploadMaybeInline(ctx, path, key, 0, nil, fresh, true)
+	return u.UploadWith(ctx, path, key, UploadOptions{Fresh: fresh, Inline: true})
+}
+
+// UploadOptions are the choices of an upload (UploadWith).
+type UploadOptions struct {
+	// From is where in the file the object starts: it holds the file's
+	// bytes from there to its end (Manifest.From).
+	From int64
+	// Progress, when set, is told how far the upload got.
+	Progress Progress
+	// Fresh says the key was never uploaded to (tiering catalogs every
+	// object before its first byte is sent, under a name no other
+	// version has): no finished upload of it is looked for in the store
+	// first. A journal of the key is still resumed.
+	Fresh bool
+	// Inline stores a file of at most InlineMax bytes in its manifest
+	// alone (Manifest.Inline): one request instead of two, for the index
+	// files, producer snapshot and leader-epoch checkpoint of a small
+	// segment. Stores read by versions that do not know such manifests
+	// (before 2026-12-07) refuse them by their version, so should not be
+	// given any.
+	Inline bool
+	// Attach, when set, is stored in the manifest (Manifest.Attached):
+	// a few KiB at most that belong with the object, saved a request of
+	// their own (tiering: a small object's batch list).
+	Attach []byte
+}
+
+// UploadWith uploads the file at path (from o.From to its end) to key
+// and stores its manifest, resuming a journalled upload of it; an
+// unchanged file already uploaded is not sent again.
+func (u *Uploader) UploadWith(ctx context.Context, path, key string, o UploadOptions) (*Manifest, error) {
+	return u.upload(ctx, path, key, o)
 }
 
 // inlineMax is the largest file UploadSmall stores inline.
@@ -276,11 +302,8 @@ func (u *Uploader) inlineMax() int64 {
 	return min(u.InlineMax, u.chunkSize())
 }
 
-func (u *Uploader) upload(ctx context.Context, path, key string, from int64, progress Progress, fresh bool) (*Manifest, error) {
-	return u.uploadMaybeInline(ctx, path, key, from, progress, fresh, false)
-}
-
-func (u *Uploader) uploadMaybeInline(ctx context.Context, path, key string, from int64, progress Progress, fresh, inline bool) (*Manifest, error) {
+func (u *Uploader) upload(ctx context.Context, path, key string, o UploadOptions) (*Manifest, error) {
+	from, progress := o.From, o.Progress
 	f, err := os.Open(path)
 	if err != nil {
 		return nil, err
@@ -300,27 +323,27 @@ func (u *Uploader) uploadMaybeInline(ctx context.Context, path, key string, from
 	if from < 0 || from > src.Size {
 		return nil, fmt.Errorf("upload %s from %d: the file has %d bytes", path, from, src.Size)
 	}
-	if m, err := u.uploaded(ctx, key, src, from, fresh); m != nil || err != nil {
+	if m, err := u.uploaded(ctx, key, src, o); m != nil || err != nil {
 		return m, err
 	}
 	if src.Size == from {
-		return u.putEmpty(ctx, key, src, from)
+		return u.putEmpty(ctx, key, src, o)
 	}
 	if u.OneRequest(src.Size - from) {
 		if _, err := os.Stat(journalPath(u.JournalDir, "upload", key)); errors.Is(err, os.ErrNotExist) {
-			return u.putSmall(ctx, f, path, key, src, from, progress, inline && src.Size-from <= u.inlineMax())
+			return u.putSmall(ctx, f, path, key, src, o)
 		}
 		// An upload of the key left a journal: the multipart path
 		// resumes or aborts it.
 	}
-	if m, err := u.finishCompleted(ctx, path, key, src, from); m != nil || err != nil {
+	if m, err := u.finishCompleted(ctx, path, key, src, o); m != nil || err != nil {
 		return m, err
 	}
 	t, err := u.start(ctx, path, key, src, from)
 	if err != nil {
 		return nil, err
 	}
-	t.progress = progress
+	t.progress, t.attach = progress, o.Attach
 	m, err := t.run(ctx, f)
 	if err != nil {
 		t.j.close()
@@ -334,14 +357,21 @@ func (u *Uploader) uploadMaybeInline(ctx context.Context, path, key string, from
 
 // uploaded is the manifest of an earlier upload of the same unchanged
 // file to key that finished but left its journal (a crash right after
-// completing), or nil; fresh says there cannot be one.
-func (u *Uploader) uploaded(ctx context.Context, key string, src Source, from int64, fresh bool) (*Manifest, error) {
-	if fresh {
+// completing), or nil; o.Fresh says there cannot be one. Its manifest
+// is stored again if it lacks what o attaches.
+func (u *Uploader) uploaded(ctx context.Context, key string, src Source, o UploadOptions) (*Manifest, error) {
+	if o.Fresh {
 		return nil, nil
 	}
 	m, err := LoadManifest(ctx, u.Store, key)
-	if err != nil || m.Source != src || m.From != from || m.ChunkSize != u.chunkSize() {
+	if err != nil || m.Source != src || m.From != o.From || m.ChunkSize != u.chunkSize() {
 		return nil, nil
+	}
+	if !bytes.Equal(m.Attached, o.Attach) {
+		m.Attached = o.Attach
+		if err := putManifest(ctx, u.Store, m); err != nil {
+			return nil, err
+		}
 	}
 	os.Remove(journalPath(u.JournalDir, "upload", key))
 	if u.onStart != nil {
@@ -361,6 +391,7 @@ type upload struct {
 	nParts int32
 
 	progress Progress
+	attach   []byte // stored in the manifest (UploadOptions.Attach)
 }
 
 // start resumes the journaled upload of key if it is for this very file,
@@ -519,7 +550,7 @@ func (t *upload) run(ctx context.Context, f *os.File) (*Manifest, error) {
 			return nil, err
 		}
 	}
-	m := t.u.manifest(t.h.Key, info.ETag, size, cs, crcs, t.h.Source, t.h.From)
+	m := t.u.manifest(t.h.Key, info.ETag, size, cs, crcs, t.h.Source, t.h.From, t.attach)
 	m.setBlocks(t.u.blockSize(), partBlocks(t.parts, t.nParts, t.u.blockSize()))
 	if err := putManifest(ctx, t.u.Store, m); err != nil {
 		return nil, err
@@ -654,7 +685,8 @@ const smallUpload = 1 << 20
 // putSmall stores bytes [from, size) of a file of at most one chunk and
 // smallUpload bytes in one request: read, checked to be what the file
 // still holds, checksummed, then put, and its manifest after it.
-func (u *Uploader) putSmall(ctx context.Context, f *os.File, path, key string, src Source, from int64, progress Progress, inline bool) (*Manifest, error) {
+func (u *Uploader) putSmall(ctx context.Context, f *os.File, path, key string, src Source, o UploadOptions) (*Manifest, error) {
+	from, progress := o.From, o.Progress
 	size := src.Size - from
 	buf := make([]byte, size)
 	if _, err := f.ReadAt(buf, from); err != nil {
@@ -673,9 +705,9 @@ func (u *Uploader) putSmall(ctx context.Context, f *os.File, path, key string, s
 		progress(0, size)
 	}
 	crcs := []uint32{crc32c(buf)}
-	if inline {
+	if o.Inline && size <= u.inlineMax() {
 		// The manifest is the object: no object, no ETag.
-		m := u.manifest(key, "", size, u.chunkSize(), crcs, src, from)
+		m := u.manifest(key, "", size, u.chunkSize(), crcs, src, from, o.Attach)
 		m.Version, m.Inline = inlineVersion, buf
 		if err := putManifest(ctx, u.Store, m); err != nil {
 			return nil, err
@@ -705,7 +737,7 @@ func (u *Uploader) putSmall(ctx context.Context, f *os.File, path, key string, s
 	if progress != nil {
 		progress(size, size)
 	}
-	m := u.manifest(key, info.ETag, size, u.chunkSize(), crcs, src, from)
+	m := u.manifest(key, info.ETag, size, u.chunkSize(), crcs, src, from, o.Attach)
 	if bs := u.blockSize(); m.servedByBlocks(bs) {
 		m.setBlocks(bs, blockCRCs(buf, bs))
 	}
@@ -714,17 +746,17 @@ func (u *Uploader) putSmall(ctx context.Context, f *os.File, path, key string, s
 
 // manifest is the manifest of an object this uploader stored: key and
 // etag, size bytes in chunks of chunkSize with checksums crcs, of the
-// file src from position from.
-func (u *Uploader) manifest(key, etag string, size, chunkSize int64, crcs []uint32, src Source, from int64) *Manifest {
+// file src from position from, with what the caller attached.
+func (u *Uploader) manifest(key, etag string, size, chunkSize int64, crcs []uint32, src Source, from int64, attach []byte) *Manifest {
 	return &Manifest{Version: manifestVersion, Key: key, ETag: etag, Size: size, ChunkSize: chunkSize, CRC32C: crcs,
-		Whole: compositeChecksum(crcs), Source: src, From: from, Stored: time.Now().UTC(), Broker: u.broker()}
+		Whole: compositeChecksum(crcs), Source: src, From: from, Stored: time.Now().UTC(), Broker: u.broker(), Attached: attach}
 }
 
 // putEmpty stores an empty file as its manifest alone: no object (a
 // request saved, and S3 wants at least one part, of which an empty one
 // is not accepted everywhere), no chunks, no ETag.
-func (u *Uploader) putEmpty(ctx context.Context, key string, src Source, from int64) (*Manifest, error) {
-	m := u.manifest(key, "", 0, u.chunkSize(), nil, src, from)
+func (u *Uploader) putEmpty(ctx context.Context, key string, src Source, o UploadOptions) (*Manifest, error) {
+	m := u.manifest(key, "", 0, u.chunkSize(), nil, src, o.From, o.Attach)
 	return m, putManifest(ctx, u.Store, m)
 }
 
@@ -734,7 +766,8 @@ func (u *Uploader) putEmpty(ctx context.Context, key string, src Source, from in
 // there. The object is read back against the journaled checksums; if it
 // matches, its manifest is written and the upload is done without
 // sending the file again. Anything else returns nil, nil (start over).
-func (u *Uploader) finishCompleted(ctx context.Context, path, key string, src Source, from int64) (*Manifest, error) {
+func (u *Uploader) finishCompleted(ctx context.Context, path, key string, src Source, o UploadOptions) (*Manifest, error) {
+	from := o.From
 	jp := journalPath(u.JournalDir, "upload", key)
 	var h uploadHeader
 	recs := map[int32]partRecord{}
@@ -767,7 +800,7 @@ func (u *Uploader) finishCompleted(ctx context.Context, path, key string, src So
 		}
 		crcs = append(crcs, r.CRC32C)
 	}
-	m := u.manifest(key, info.ETag, size, cs, crcs, src, from)
+	m := u.manifest(key, info.ETag, size, cs, crcs, src, from, o.Attach)
 	m.setBlocks(u.blockSize(), partBlocks(recs, n, u.blockSize()))
 	if err := u.Verify(ctx, u.Store, m); err != nil {
 		u.log().Warn("completed upload does not verify; uploading again", "key", key, "err", err)

@@ -763,7 +763,7 @@ func TestEmptyObjectOfAnOlderVersion(t *testing.T) {
 		t.Fatal(err)
 	}
 	up := &Uploader{Store: s, ChunkSize: 64 << 10}
-	if err := putManifest(ctx, s, up.manifest("p/empty", info.ETag, 0, 64<<10, nil, Source{}, 0)); err != nil {
+	if err := putManifest(ctx, s, up.manifest("p/empty", info.ETag, 0, 64<<10, nil, Source{}, 0, nil)); err != nil {
 		t.Fatal(err)
 	}
 	m, err := LoadManifest(ctx, s, "p/empty")
@@ -921,6 +921,53 @@ func TestUploadSmallInline(t *testing.T) {
 			if _, err := ParseManifest(raw); err == nil {
 				t.Fatal("a version 1 manifest with inline bytes parsed")
 			}
+		})
+	}
+}
+
+// TestUploadAttach (all three stores): what the caller attaches is
+// stored in the manifest, whether the object is an object (one request
+// or multipart) or held by the manifest; an upload of the unchanged file
+// with the same attachment sends nothing, and with another one puts the
+// manifest again, not the object.
+func TestUploadAttach(t *testing.T) {
+	for _, b := range backends(t) {
+		t.Run(b.name, func(t *testing.T) {
+			ctx := context.Background()
+			dir := t.TempDir()
+			calls := &store.Requests{}
+			s := store.Counted(b.s, calls)
+			up := &Uploader{Store: s, JournalDir: filepath.Join(dir, "journal"), ChunkSize: b.chunk, InlineMax: 1 << 10}
+			for i, size := range []int64{100, 5000, 2*b.chunk + 1} {
+				path := filepath.Join(dir, fmt.Sprint("f", i))
+				randomFile(t, path, size, uint64(30+i))
+				key := fmt.Sprint("p/a", i)
+				attach := []byte(fmt.Sprint("batches of ", key))
+				m, err := up.UploadWith(ctx, path, key, UploadOptions{Fresh: true, Inline: true, Attach: attach})
+				if err != nil || !bytes.Equal(m.Attached, attach) {
+					t.Fatalf("%d bytes: %+v, %v", size, m, err)
+				}
+				if got, err := LoadManifest(ctx, b.s, key); err != nil || !bytes.Equal(got.Attached, attach) {
+					t.Fatalf("%d bytes: the store's manifest has %q, %v", size, got.Attached, err)
+				}
+				puts := func() int64 {
+					n, _ := calls.Count(store.OpPut)
+					p, _ := calls.Count(store.OpUploadPart)
+					return n + p
+				}
+				before := puts()
+				if _, err := up.UploadWith(ctx, path, key, UploadOptions{Inline: true, Attach: attach}); err != nil || puts() != before {
+					t.Fatalf("%d bytes, unchanged: %v, %d puts", size, err, puts()-before)
+				}
+				other := []byte("another list")
+				if m, err := up.UploadWith(ctx, path, key, UploadOptions{Inline: true, Attach: other}); err != nil || puts() != before+1 || !bytes.Equal(m.Attached, other) {
+					t.Fatalf("%d bytes, another attachment: %v, %d puts", size, err, puts()-before)
+				}
+				if got, err := LoadManifest(ctx, b.s, key); err != nil || !bytes.Equal(got.Attached, other) || Verify(ctx, b.s, got) != nil {
+					t.Fatalf("%d bytes: after the second attachment %q, %v", size, got.Attached, err)
+				}
+			}
+			noUploads(t, b.s)
 		})
 	}
 }

@@ -83,7 +83,10 @@ func TestBrokerDeletionDeletesRemoteCopy(t *testing.T) {
 	rec, _, _ := readRecord(seg)
 	prefix := strings.TrimSuffix(rec.Key, ".log")
 	before := objects(t, s, prefix)
-	if len(before) < 6 {
+	// The .log and its manifest (holding its batch list), and the
+	// manifests of its index files and leader-epoch-checkpoint (small:
+	// each holds its file).
+	if len(before) < 5 {
 		t.Fatalf("objects of the segment: %v", before)
 	}
 	all := objects(t, s, "")
@@ -115,9 +118,10 @@ func TestBrokerDeletionDeletesRemoteCopy(t *testing.T) {
 	if left := objects(t, s, prefix); len(left) != 0 {
 		t.Fatalf("objects left: %v", left)
 	}
-	// Its objects (its batch list among them) went, and nothing else
-	// (TestRemoteIndexesOfManyEntries: remote indexes go too).
-	for _, suffix := range []string{".batches"} {
+	// Its objects (its .log's manifest, with its batch list, among them)
+	// went, and nothing else (TestRemoteIndexesOfManyEntries: remote
+	// indexes and a larger object's .batches go too).
+	for _, suffix := range []string{".log.tierfs-manifest"} {
 		if !slices.Contains(before, prefix+suffix) {
 			t.Errorf("no %s among the segment's objects %v", suffix, before)
 		}
@@ -364,6 +368,10 @@ func TestRemoteIndexesOfManyEntries(t *testing.T) {
 	}
 	if len(ro) < 2 || len(rt) < 1 {
 		t.Fatalf("remote indexes of %d and %d entries, want at least 2 and 1", len(ro), len(rt))
+	}
+	// An object this big has its batch list as an object of its own.
+	if _, err := s.Head(context.Background(), stem+".batches"); err != nil {
+		t.Fatalf("batch list of a large object: %v", err)
 	}
 	if err := os.Remove(seg); err != nil {
 		t.Fatal(err)

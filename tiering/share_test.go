@@ -8,6 +8,7 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"syscall"
 	"testing"
@@ -272,6 +273,11 @@ func testBrokersShareTheStore(t *testing.T, s store.Store) {
 	}
 	if got, want := logBytes(t, s), size[40]; got != want {
 		t.Fatalf("store holds %d bytes of segments, want %d (batches 0..39 once)", got, want)
+	}
+	// The segments are small: their batch lists, which the followers
+	// compare their own batches with, are in their manifests.
+	if all, err := s.List(context.Background(), ""); err != nil || slices.ContainsFunc(all, func(o store.ObjectInfo) bool { return strings.HasSuffix(o.Key, ".batches") }) {
+		t.Fatalf("a batch list stored as an object of its own: %v", err)
 	}
 	mustPass(t, t2)
 	mustPass(t, t3)

@@ -103,7 +103,7 @@ func (sp *shipper) cover(ctx context.Context, seg Segment, f *idx.File, keyAt fu
 			}
 			return cov, batches, nil
 		}
-		list, err := sp.batchList(ctx, key)
+		list, err := sp.objectBatches(ctx, key)
 		if err != nil {
 			cov.Next, cov.Why = b.Base, fmt.Sprintf("offset %d is in %s, whose batch list cannot be read (%v): kept local", b.Base, key, err)
 			return cov, batches, nil
@@ -135,17 +135,25 @@ func (sp *shipper) ownShipment(partition, key string) bool {
 	return sp.t.shipments.has(partition, key)
 }
 
-// batchList is the batch list of an object, from the store (kept in
-// memory for the pass).
-func (sp *shipper) batchList(ctx context.Context, key string) ([]idx.BatchRef, error) {
+// objectBatches is the batch list of an object, from the store (kept in
+// memory for the pass): a small object's is in its manifest (fetched
+// and kept as a local copy, as mapping onto it needs it), a larger
+// one's, and that of any object shipped before 2026-12-07, is an object
+// of its own.
+func (sp *shipper) objectBatches(ctx context.Context, key string) ([]idx.BatchRef, error) {
 	if bs, ok := sp.t.batches.get(key); ok {
 		return bs, nil
 	}
-	b, err := store.ReadAll(sp.t.cfg.Store.Get(ctx, batchesKey(key), 0, -1, store.GetOptions{}))
-	if err != nil {
-		return nil, err
+	name, b := chunkxfer.ManifestKey(key), []byte(nil)
+	if m, err := sp.t.copies.fetchManifest(ctx, key); err == nil && m.Attached != nil {
+		b = m.Attached
+	} else {
+		name = batchesKey(key)
+		if b, err = store.ReadAll(sp.t.cfg.Store.Get(ctx, name, 0, -1, store.GetOptions{})); err != nil {
+			return nil, err
+		}
 	}
-	bs, err := idx.ParseBatches(batchesKey(key), b)
+	bs, err := idx.ParseBatches(name, b)
 	if err != nil {
 		return nil, err
 	}
@@ -575,31 +583,41 @@ func (sp *shipper) uploadAll(ctx context.Context, cs []*shipCommit, progress chu
 // only), and takes its references on other brokers' objects.
 func (sp *shipper) upload(ctx context.Context, c *shipCommit, progress chunkxfer.Progress) error {
 	seg, st, key, from, sh := c.seg, &c.st, c.key, c.from, c.sh
-	// A shipment catalogued just now has put nothing in the store yet:
-	// there is no finished upload of its objects to look for.
-	upload := sp.t.up.UploadFrom
-	if c.fresh {
-		upload = sp.t.up.UploadNew
-	}
 	if err := sp.t.share.takeRefs(ctx, c.cov.Extents, holderOf(key)); err != nil {
 		return err
+	}
+	// A shipment catalogued just now has put nothing in the store yet:
+	// there is no finished upload of its objects to look for.
+	opts := chunkxfer.UploadOptions{From: from, Progress: progress, Fresh: c.fresh}
+	var puts []func() error
+	if st.Size-from <= attachBatchesUpTo {
+		// A small object's batch list goes in its manifest: a request
+		// fewer for it, and one fewer for each broker that maps onto it.
+		list, err := sp.batchList(seg, from, c.batches)
+		if err != nil {
+			return err
+		}
+		if len(list) <= maxAttachedBatches {
+			opts.Attach = list
+		} else {
+			puts = append(puts, func() error { return sp.putBatches(ctx, key, list) })
+		}
+	} else {
+		puts = append(puts, func() error { return sp.putBatchList(ctx, seg, key, from, c.batches) })
 	}
 	// The segment's objects go up at once: each is a request (and, on a
 	// directory store, a sync) of its own, and a small segment's cost is
 	// their latency, not its bytes. None is pointed at before all are in:
 	// the partition's index takes the segment's entries only after.
-	puts := []func() error{
-		func() (err error) {
-			if c.m, err = upload(ctx, seg.LogPath(), key, from, progress); err != nil {
-				return err
-			}
-			if err := sp.t.up.Verify(ctx, sp.t.cfg.Store, c.m); err != nil {
-				return fmt.Errorf("remote copy does not verify: %w", err)
-			}
-			return nil
-		},
-		func() error { return sp.putBatchList(ctx, seg, key, from, c.batches) },
-	}
+	puts = append(puts, func() (err error) {
+		if c.m, err = sp.t.up.UploadWith(ctx, seg.LogPath(), key, opts); err != nil {
+			return err
+		}
+		if err := sp.t.up.Verify(ctx, sp.t.cfg.Store, c.m); err != nil {
+			return fmt.Errorf("remote copy does not verify: %w", err)
+		}
+		return nil
+	})
 	if from == 0 {
 		for _, sk := range sp.sidecarKeys(seg, st)[1:] {
 			if !slices.Contains(sh.Objects, sk.key) {
@@ -843,10 +861,41 @@ func (sp *shipper) noteShipped(c *shipCommit) {
 	sp.t.cfg.Log.Info("shipped", "segment", c.seg.LogPath(), "key", c.key, "bytes", size-from, "from", from)
 }
 
+// An object's batch list goes in its manifest rather than an object of
+// its own (.batches) when the object is of at most attachBatchesUpTo
+// bytes and its list of at most maxAttachedBatches (170 batches, at 24
+// bytes a batch): the manifest, and each local copy of it, stays small.
+const (
+	attachBatchesUpTo  = 1 << 20
+	maxAttachedBatches = 4 << 10
+)
+
 // putBatchList ships the batch list of the object key (the segment from
-// position from). A segment that is not whole record batches has none:
-// no other broker can map its bytes.
+// position from) as an object of its own. A segment that is not whole
+// record batches has none: no other broker can map its bytes.
 func (sp *shipper) putBatchList(ctx context.Context, seg Segment, key string, from int64, batches []idx.BatchRef) error {
+	b, err := sp.batchList(seg, from, batches)
+	if err != nil {
+		return err
+	}
+	return sp.putBatches(ctx, key, b)
+}
+
+// putBatches puts b, the batch list of the object key, as an object of
+// its own; nil (no list) puts nothing.
+func (sp *shipper) putBatches(ctx context.Context, key string, b []byte) error {
+	if b == nil {
+		return nil
+	}
+	_, err := sp.t.uploads.Put(ctx, batchesKey(key), bytes.NewReader(b), int64(len(b)))
+	return err
+}
+
+// batchList is the batch list of a segment from position from, as
+// stored (docs/formats.md), from batches (all of the segment's) when
+// they were read already; nil for a segment that is not whole record
+// batches.
+func (sp *shipper) batchList(seg Segment, from int64, batches []idx.BatchRef) ([]byte, error) {
 	logPath := seg.LogPath()
 	var list []idx.BatchRef
 	if batches != nil {
@@ -859,25 +908,24 @@ func (sp *shipper) putBatchList(ctx context.Context, seg Segment, key string, fr
 	} else {
 		f, err := os.Open(logPath)
 		if err != nil {
-			return err
+			return nil, err
 		}
 		list, err = idx.BatchRefs(logPath, f, seg.Size, from)
 		f.Close()
 		var fe *idx.FormatError
 		if errors.As(err, &fe) {
 			sp.t.cfg.Log.Debug("no batch list: not whole record batches", "segment", logPath, "err", err)
-			return nil
+			return nil, nil
 		}
 		if err != nil {
-			return err
+			return nil, err
 		}
 	}
 	b, err := idx.MarshalBatches(list)
 	if err != nil {
-		return fmt.Errorf("batch list of %s: %w", logPath, err)
+		return nil, fmt.Errorf("batch list of %s: %w", logPath, err)
 	}
-	_, err = sp.t.uploads.Put(ctx, batchesKey(key), bytes.NewReader(b), int64(len(b)))
-	return err
+	return b, nil
 }
 
 // shipmentOf is the shipment of the objects a segment is about to put

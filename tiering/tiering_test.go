@@ -383,10 +383,20 @@ func TestShipRequestsPerSegment(t *testing.T) {
 	}
 	ships, _ := tr.shipments.all()
 	puts, gets, heads := s.Calls(store.OpPut), s.Calls(store.OpGet), s.Calls(store.OpHead)
-	objects, empty, inline := 0, 0, 0
+	objects, empty, inline, attached := 0, 0, 0, 0
 	for _, sh := range ships {
 		for _, k := range ownObjects(sh) {
 			objects++
+			if log, ok := strings.CutSuffix(k, ".batches"); ok {
+				// A small object's batch list is in its manifest.
+				if m, err := chunkxfer.LoadManifest(context.Background(), s, log+".log"); err == nil && m.Attached != nil {
+					if _, err := idx.ParseBatches(k, m.Attached); err != nil {
+						t.Errorf("%s: %v", k, err)
+					}
+					attached++
+				}
+				continue
+			}
 			m, err := chunkxfer.LoadManifest(context.Background(), s, k)
 			switch {
 			case err != nil || !m.NoObject():
@@ -397,6 +407,9 @@ func TestShipRequestsPerSegment(t *testing.T) {
 			}
 		}
 	}
+	if attached != rep.Shipped {
+		t.Errorf("%d batch lists held by their object's manifest, want one a segment", attached)
+	}
 	// Each object once (an empty or small file's only in its manifest),
 	// and the partition's index once for the pass's segments (a commit
 	// of them all).
@@ -406,8 +419,8 @@ func TestShipRequestsPerSegment(t *testing.T) {
 	if inline != rep.Shipped {
 		t.Errorf("%d small files held by their manifests, want one a segment (its copy of the leader-epoch-checkpoint)", inline)
 	}
-	if puts != objects-empty-inline+1 {
-		t.Errorf("%d puts for %d objects (%d of them empty files, %d small) of %d segments", puts, objects, empty, inline, rep.Shipped)
+	if puts != objects-empty-inline-attached+1 {
+		t.Errorf("%d puts for %d objects (%d of them empty files, %d small, %d batch lists in manifests) of %d segments", puts, objects, empty, inline, attached, rep.Shipped)
 	}
 	if gets != rep.Shipped {
 		t.Errorf("%d gets for %d segments, want one each (the check of the copy)", gets, rep.Shipped)
@@ -460,11 +473,11 @@ func TestShipBatchCommit(t *testing.T) {
 				if len(rep.Errors) > 0 || rep.Shipped != 10 {
 					t.Fatalf("the next pass: %+v", rep)
 				}
-				// The index, and each segment's batch list (put again,
-				// not looked for; a segment of one index entry has no
-				// remote indexes): no file's bytes again.
-				if puts := s.Calls(store.OpPut) - logPuts; puts != 1+10 {
-					t.Errorf("the next pass made %d puts, want 11 (no file uploaded again)", puts)
+				// The index alone (each small segment's batch list is in
+				// its manifest, found with it; a segment of one index
+				// entry has no remote indexes): no file's bytes again.
+				if puts := s.Calls(store.OpPut) - logPuts; puts != 1 {
+					t.Errorf("the next pass made %d puts, want 1 (no file uploaded again)", puts)
 				}
 			}
 			segs := scanSegments(t, root)
