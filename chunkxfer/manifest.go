@@ -209,6 +209,24 @@ func blockCRCs(b []byte, blockSize int64) []byte {
 // LoadManifest reads and checks key's manifest, and that the object is
 // still the one it describes.
 func LoadManifest(ctx context.Context, s store.Store, key string) (*Manifest, error) {
+	m, err := ReadManifest(ctx, s, key)
+	if err != nil || m.NoObject() {
+		return m, err
+	}
+	info, err := s.Head(ctx, key)
+	if err != nil {
+		return nil, err
+	}
+	if info.ETag != m.ETag || info.Size != m.Size {
+		return nil, fmt.Errorf("object %s (etag %s, %d bytes) is not the one its manifest describes (etag %s, %d bytes): %w", key, info.ETag, info.Size, m.ETag, m.Size, store.ErrPrecondition)
+	}
+	return m, nil
+}
+
+// ReadManifest reads and checks key's manifest, but not the object: for
+// a caller that checks the object's ETag itself before it relies on the
+// manifest (every read of the object carries it too).
+func ReadManifest(ctx context.Context, s store.Store, key string) (*Manifest, error) {
 	b, err := store.ReadAll(s.Get(ctx, ManifestKey(key), 0, -1, store.GetOptions{}))
 	if err != nil {
 		return nil, fmt.Errorf("manifest of %s: %w", key, err)
@@ -222,16 +240,6 @@ func LoadManifest(ctx context.Context, s store.Store, key string) (*Manifest, er
 	}
 	if err := m.check(); err != nil {
 		return nil, err
-	}
-	if m.NoObject() {
-		return &m, nil
-	}
-	info, err := s.Head(ctx, key)
-	if err != nil {
-		return nil, err
-	}
-	if info.ETag != m.ETag || info.Size != m.Size {
-		return nil, fmt.Errorf("object %s (etag %s, %d bytes) is not the one its manifest describes (etag %s, %d bytes): %w", key, info.ETag, info.Size, m.ETag, m.Size, store.ErrPrecondition)
 	}
 	return &m, nil
 }

@@ -91,10 +91,22 @@ func (cs *copies) localManifest(key string) (*chunkxfer.Manifest, error) {
 // store's, checked against the object there now and kept as a local
 // copy.
 func (cs *copies) fetchManifest(ctx context.Context, key string) (*chunkxfer.Manifest, error) {
+	return cs.fetchManifestWith(ctx, key, chunkxfer.LoadManifest)
+}
+
+// mappingManifest is fetchManifest for a mapping onto another broker's
+// object, without the check of the object: the reference taken on it
+// next checks its ETag against the manifest's (storeIndex.takeRef), and
+// nothing reads it before that.
+func (cs *copies) mappingManifest(ctx context.Context, key string) (*chunkxfer.Manifest, error) {
+	return cs.fetchManifestWith(ctx, key, chunkxfer.ReadManifest)
+}
+
+func (cs *copies) fetchManifestWith(ctx context.Context, key string, load func(context.Context, store.Store, string) (*chunkxfer.Manifest, error)) (*chunkxfer.Manifest, error) {
 	if m, err := cs.localManifest(key); err == nil {
 		return m, nil
 	}
-	m, err := chunkxfer.LoadManifest(ctx, cs.t.cfg.Store, key)
+	m, err := load(ctx, cs.t.cfg.Store, key)
 	if err != nil {
 		return nil, err
 	}

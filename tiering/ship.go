@@ -116,7 +116,7 @@ func (sp *shipper) cover(ctx context.Context, seg Segment, f *idx.File, keyAt fu
 		if n := len(cov.Extents); n > 0 && cov.Extents[n-1].Key == key && cov.Extents[n-1].Off+cov.Extents[n-1].Len == lb.Pos {
 			cov.Extents[n-1].Len += int64(b.Size)
 		} else {
-			m, err := sp.t.copies.fetchManifest(ctx, key)
+			m, err := sp.t.copies.mappingManifest(ctx, key)
 			if err != nil {
 				cov.Next, cov.Why = b.Base, fmt.Sprintf("offset %d is in %s, whose manifest cannot be read (%v): kept local", b.Base, key, err)
 				return cov, batches, nil
@@ -145,7 +145,7 @@ func (sp *shipper) objectBatches(ctx context.Context, key string) ([]idx.BatchRe
 		return bs, nil
 	}
 	name, b := chunkxfer.ManifestKey(key), []byte(nil)
-	if m, err := sp.t.copies.fetchManifest(ctx, key); err == nil && m.Attached != nil {
+	if m, err := sp.t.copies.mappingManifest(ctx, key); err == nil && m.Attached != nil {
 		b = m.Attached
 	} else {
 		name = batchesKey(key)
@@ -356,7 +356,13 @@ type shipCommit struct {
 	// fresh says sh is catalogued by this shipment, not found from an
 	// earlier, interrupted one: none of its objects can be in the store.
 	fresh bool
-	undo  []func() // run by release, last first
+	// unstored are the objects sh lists that the upload stored in their
+	// manifests alone (empty and small files); with fresh, none of them
+	// is in the store, and the shipment recorded shipped lists them no
+	// more (a deletion sends no request for them).
+	unstoredMu sync.Mutex
+	unstored   []string // GUARDED_BY(unstoredMu)
+	undo       []func() // run by release, last first
 }
 
 // release lets go of what c holds: its claims, and its file counts as
@@ -628,8 +634,14 @@ func (sp *shipper) upload(ctx context.Context, c *shipCommit, progress chunkxfer
 			// the leader-epoch checkpoint, snapshots) is stored in its
 			// manifest alone.
 			puts = append(puts, func() error {
-				if _, err := sp.t.up.UploadSmall(ctx, sk.path, sk.key, c.fresh); err != nil {
+				m, err := sp.t.up.UploadSmall(ctx, sk.path, sk.key, c.fresh)
+				if err != nil {
 					return fmt.Errorf("ship %s: %w", filepath.Base(sk.path), err)
+				}
+				if m.NoObject() {
+					c.unstoredMu.Lock()
+					c.unstored = append(c.unstored, sk.key)
+					c.unstoredMu.Unlock()
 				}
 				return nil
 			})
@@ -847,6 +859,13 @@ func (sp *shipper) recordShipped(c *shipCommit) (Shipment, error) {
 	}
 	sh := c.sh
 	sh.State, sh.Since = ShipmentShipped, sp.t.cfg.Now()
+	if c.fresh {
+		// Nothing of an earlier upload can be under the names of the
+		// files held by their manifests: not listed, not deleted.
+		c.unstoredMu.Lock()
+		sh.Objects = slices.DeleteFunc(slices.Clone(sh.Objects), func(k string) bool { return slices.Contains(c.unstored, k) })
+		c.unstoredMu.Unlock()
+	}
 	return sh, nil
 }
 
