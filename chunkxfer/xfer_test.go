@@ -828,6 +828,14 @@ func TestUploadFromSendsATornObjectAgain(t *testing.T) {
 	}
 }
 
+// countingUploader is an Uploader on b's store that counts its
+// requests, with a work directory for its journals and files.
+func countingUploader(t *testing.T, b backend, inlineMax int64) (*Uploader, *store.Requests, string) {
+	dir := t.TempDir()
+	calls := &store.Requests{}
+	return &Uploader{Store: store.Counted(b.s, calls), JournalDir: filepath.Join(dir, "journal"), ChunkSize: b.chunk, InlineMax: inlineMax}, calls, dir
+}
+
 // TestUploadSmallInline (all three stores): UploadSmall stores a file of
 // up to InlineMax bytes in its manifest alone, one put and no object; it
 // reads back through LoadManifest, the Reader, the Downloader and Verify,
@@ -839,10 +847,7 @@ func TestUploadSmallInline(t *testing.T) {
 	for _, b := range backends(t) {
 		t.Run(b.name, func(t *testing.T) {
 			ctx := context.Background()
-			dir := t.TempDir()
-			calls := &store.Requests{}
-			s := store.Counted(b.s, calls)
-			up := &Uploader{Store: s, JournalDir: filepath.Join(dir, "journal"), ChunkSize: b.chunk, InlineMax: 4 << 10}
+			up, calls, dir := countingUploader(t, b, 4<<10)
 			path := filepath.Join(dir, "f")
 			want := randomFile(t, path, 4<<10, 21)
 			m, err := up.UploadSmall(ctx, path, "p/small", true)
@@ -934,10 +939,7 @@ func TestUploadAttach(t *testing.T) {
 	for _, b := range backends(t) {
 		t.Run(b.name, func(t *testing.T) {
 			ctx := context.Background()
-			dir := t.TempDir()
-			calls := &store.Requests{}
-			s := store.Counted(b.s, calls)
-			up := &Uploader{Store: s, JournalDir: filepath.Join(dir, "journal"), ChunkSize: b.chunk, InlineMax: 1 << 10}
+			up, calls, dir := countingUploader(t, b, 1<<10)
 			for i, size := range []int64{100, 5000, 2*b.chunk + 1} {
 				path := filepath.Join(dir, fmt.Sprint("f", i))
 				randomFile(t, path, size, uint64(30+i))
