@@ -16,6 +16,7 @@ import (
 
 	"golang.org/x/sys/unix"
 
+	"github.com/tierfs/tierfs/chunkxfer"
 	"github.com/tierfs/tierfs/chunkxfer/store"
 	"github.com/tierfs/tierfs/idx"
 	"github.com/tierfs/tierfs/idx/kafka/kafkatest"
@@ -708,5 +709,72 @@ func TestFollowerSettles(t *testing.T) {
 	}
 	if _, remote, _ := checkReplica(t, t2, b2); remote != 5 {
 		t.Fatalf("follower: %d remote segments, want 5", remote)
+	}
+}
+
+// TestFollowerMapsOntoAnOlderLayout: a store written before small files
+// and batch lists went into manifests holds each segment's batch list as
+// a .batches object and its small files as objects with version-1
+// manifests. A follower of this version maps onto it as onto the new
+// layout, and its files read back byte for byte.
+func TestFollowerMapsOntoAnOlderLayout(t *testing.T) {
+	ctx := context.Background()
+	s := store.NewMem(nil)
+	stream, offs, _ := fourRecordBatches(30, 0, 2000)
+	b1 := newReplica(t, "1", stream, offs, 10)
+	b2 := newReplica(t, "2", stream, offs, 10)
+	t1 := shareTierer(t, b1, s, RoleLeader)
+	t2 := shareTierer(t, b2, s, RoleFollower)
+	b1.grow(t, 30)
+	b2.grow(t, 30)
+	if rep := mustPass(t, t1); rep.Shipped != 2 {
+		t.Fatalf("leader: %+v", rep)
+	}
+	// Rewrite what the leader stored as the older version stored it.
+	all, err := s.List(ctx, "")
+	if err != nil {
+		t.Fatal(err)
+	}
+	rewritten := 0
+	for _, o := range all {
+		obj, ok := chunkxfer.ManifestOf(o.Key)
+		if !ok {
+			continue
+		}
+		raw, err := store.ReadAll(s.Get(ctx, o.Key, 0, -1, store.GetOptions{}))
+		if err != nil {
+			t.Fatal(err)
+		}
+		var m chunkxfer.Manifest
+		if err := json.Unmarshal(raw, &m); err != nil {
+			t.Fatal(err)
+		}
+		switch {
+		case m.Attached != nil:
+			if _, err := s.Put(ctx, batchesKey(obj), bytes.NewReader(m.Attached), int64(len(m.Attached))); err != nil {
+				t.Fatal(err)
+			}
+			m.Attached = nil
+		case m.Inline != nil:
+			info, err := s.Put(ctx, obj, bytes.NewReader(m.Inline), int64(len(m.Inline)))
+			if err != nil {
+				t.Fatal(err)
+			}
+			m.Version, m.Inline, m.ETag = 1, nil, info.ETag
+		default:
+			continue
+		}
+		b, _ := json.Marshal(&m)
+		if _, err := s.Put(ctx, o.Key, bytes.NewReader(b), int64(len(b))); err != nil {
+			t.Fatal(err)
+		}
+		rewritten++
+	}
+	if rewritten == 0 {
+		t.Fatal("nothing to rewrite: no manifest held a batch list or a small file")
+	}
+	mustPass(t, t2)
+	if local, remote, _ := checkReplica(t, t2, b2); remote != 2 || local != 1 {
+		t.Fatalf("follower on the older layout: %d remote, %d local segments (%q)", remote, local, t2.LastErrors()["orders-0"].Kept)
 	}
 }
