@@ -19,7 +19,7 @@ type manyPartitions struct {
 }
 
 func (m *manyPartitions) Summary() ([]tiering.PartitionSummary, error) { return m.sums, nil }
-func (m *manyPartitions) Counters() *tiering.Counters                 { return &m.c }
+func (m *manyPartitions) Counters() *tiering.Counters                  { return &m.c }
 func (m *manyPartitions) LastErrors() map[string]tiering.PartitionError {
 	return nil
 }
