@@ -246,12 +246,6 @@ func (u *Uploader) UploadFrom(ctx context.Context, path, key string, from int64,
 	return u.UploadWith(ctx, path, key, UploadOptions{From: from, Progress: progress})
 }
 
-// UploadNew is UploadFrom for a key the caller knows was never uploaded
-// to (UploadOptions.Fresh).
-func (u *Uploader) UploadNew(ctx context.Context, path, key string, from int64, progress Progress) (*Manifest, error) {
-	return u.UploadWith(ctx, path, key, UploadOptions{From: from, Progress: progress, Fresh: true})
-}
-
 // UploadSmall uploads the whole of a file that may be small enough to be
 // stored in its manifest alone (UploadOptions.Inline); fresh as
 // UploadOptions.Fresh.

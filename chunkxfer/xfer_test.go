@@ -725,16 +725,17 @@ func TestSmallUploadIsOneRequest(t *testing.T) {
 	}
 }
 
-// UploadNew does not look for a finished upload of the key: a small file
-// is one put of the object and one of its manifest, nothing read.
-func TestUploadNewLooksForNothing(t *testing.T) {
+// A fresh upload (UploadOptions.Fresh) does not look for a finished
+// upload of the key: a small file is one put of the object and one of
+// its manifest, nothing read.
+func TestFreshUploadLooksForNothing(t *testing.T) {
 	ctx := context.Background()
 	dir := t.TempDir()
 	path := filepath.Join(dir, "f")
 	want := randomFile(t, path, 3000, 12)
 	m := store.NewMem(nil)
 	up := &Uploader{Store: m, JournalDir: filepath.Join(dir, "journal"), ChunkSize: 64 << 10}
-	man, err := up.UploadNew(ctx, path, "k", 0, nil)
+	man, err := up.UploadWith(ctx, path, "k", UploadOptions{Fresh: true})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -748,7 +749,7 @@ func TestUploadNewLooksForNothing(t *testing.T) {
 	// UploadFrom of the same unchanged file finds that upload.
 	puts := m.Calls(store.OpPut)
 	if again, err := up.UploadFrom(ctx, path, "k", 0, nil); err != nil || again.ETag != man.ETag || m.Calls(store.OpPut) != puts {
-		t.Fatalf("UploadFrom after UploadNew: %v, %d more puts", err, m.Calls(store.OpPut)-puts)
+		t.Fatalf("UploadFrom after a fresh upload: %v, %d more puts", err, m.Calls(store.OpPut)-puts)
 	}
 }
 
@@ -809,7 +810,7 @@ func TestUploadFromSendsATornObjectAgain(t *testing.T) {
 	path := filepath.Join(dir, "f")
 	want := randomFile(t, path, 3000, 13)
 	up := &Uploader{Store: d.Deferred(), JournalDir: filepath.Join(dir, "journal"), ChunkSize: 64 << 10}
-	if _, err := up.UploadNew(ctx, path, "p/k", 0, nil); err != nil {
+	if _, err := up.UploadWith(ctx, path, "p/k", UploadOptions{Fresh: true}); err != nil {
 		t.Fatal(err)
 	}
 	if err := os.Truncate(filepath.Join(dir, "remote", "p", "k"), 1000); err != nil {
