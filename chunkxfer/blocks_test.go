@@ -257,6 +257,10 @@ func FuzzParseManifest(f *testing.F) {
 	in.Whole = compositeChecksum(in.CRC32C)
 	b, _ = json.Marshal(in)
 	f.Add(b)
+	withFiles := *m
+	withFiles.Files = []File{NewFile(".index", nil), NewFile(".timeindex", []byte("0123456789ab"))}
+	b, _ = json.Marshal(&withFiles)
+	f.Add(b)
 	f.Fuzz(func(t *testing.T, b []byte) {
 		m, err := ParseManifest(b)
 		if err != nil {
@@ -270,6 +274,12 @@ func FuzzParseManifest(f *testing.F) {
 			}
 			if got, err := readFullCRC(rc, make([]byte, m.Size)); err != nil || got != m.CRC32C[0] {
 				t.Fatalf("inline bytes read %v, CRC32C %08x, manifest says %08x", err, got, m.CRC32C[0])
+			}
+		}
+		// Every file it holds is the bytes its checksum says.
+		for _, fl := range m.Files {
+			if got, ok := m.File(fl.Name); !ok || crc32c(got) != fl.CRC32C {
+				t.Fatalf("file %q: held %v, CRC32C %08x, manifest says %08x", fl.Name, ok, crc32c(got), fl.CRC32C)
 			}
 		}
 		for i := range min(m.Chunks(), 1000) {

@@ -13,6 +13,7 @@ import (
 	"errors"
 	"fmt"
 	"hash/crc32"
+	"slices"
 	"strings"
 	"time"
 
@@ -66,6 +67,50 @@ type Manifest struct {
 	// (UploadOptions.Attach): tiering's batch list of a small .log
 	// object (docs/formats.md). chunkxfer does not read it.
 	Attached []byte `json:"attached,omitempty"`
+	// Files are small files stored with the object in its manifest
+	// (UploadOptions.Files), each checked by its CRC32C when the manifest
+	// is read: tiering's index files, producer snapshot and leader-epoch
+	// checkpoint of a small segment, which then have no key of their own.
+	Files []File `json:"files,omitempty"`
+}
+
+// File is a small file held by another object's manifest
+// (Manifest.Files): its name, unique in the manifest, its bytes and
+// their CRC32C.
+type File struct {
+	Name   string `json:"name"`
+	Data   []byte `json:"data"`
+	CRC32C uint32 `json:"crc32c"`
+}
+
+// NewFile is a File of name holding b, with its checksum.
+func NewFile(name string, b []byte) File { return File{Name: name, Data: b, CRC32C: crc32c(b)} }
+
+// File is the bytes of the file name held by the manifest (checked
+// against its CRC32C when the manifest was read), if it holds one.
+func (m *Manifest) File(name string) ([]byte, bool) {
+	for _, f := range m.Files {
+		if f.Name == name {
+			return f.Data, true
+		}
+	}
+	return nil, false
+}
+
+// checkFiles checks the files a manifest holds: named, each name once,
+// each the bytes its CRC32C says.
+func (m *Manifest) checkFiles() error {
+	for i, f := range m.Files {
+		switch {
+		case f.Name == "":
+			return fmt.Errorf("manifest of %s: file %d has no name", m.Key, i)
+		case slices.ContainsFunc(m.Files[:i], func(o File) bool { return o.Name == f.Name }):
+			return fmt.Errorf("manifest of %s: file %q held twice", m.Key, f.Name)
+		case crc32c(f.Data) != f.CRC32C:
+			return fmt.Errorf("manifest of %s: file %q (%d bytes) has CRC32C %08x, the manifest says %08x: %w", m.Key, f.Name, len(f.Data), crc32c(f.Data), f.CRC32C, ErrChecksum)
+		}
+	}
+	return nil
 }
 
 // DefaultInlineMax is the largest file an Uploader stores in its
@@ -181,7 +226,7 @@ func (m *Manifest) check() error {
 	case int64(len(m.BlockCRC32C)) != 4*blocksIn(m.Size, m.BlockSize):
 		return fmt.Errorf("manifest of %s: %d bytes of block checksums for %d bytes in blocks of %d", m.Key, len(m.BlockCRC32C), m.Size, m.BlockSize)
 	}
-	return nil
+	return m.checkFiles()
 }
 
 // servedByBlocks says whether blocks of bs serve m's object: it has

@@ -10,6 +10,7 @@ import (
 	"io"
 	"log/slog"
 	"os"
+	"slices"
 	"sync"
 	"syscall"
 	"time"
@@ -276,6 +277,11 @@ type UploadOptions struct {
 	// a few KiB at most that belong with the object, saved a request of
 	// their own (tiering: a small object's batch list).
 	Attach []byte
+	// Files are small files stored in the manifest (Manifest.Files),
+	// checked by their CRC32C on every read of it: a few KiB at most
+	// that belong with the object (tiering: a small segment's index
+	// files), each saved a request of its own.
+	Files []File
 }
 
 // UploadWith uploads the file at path (from o.From to its end) to key
@@ -337,7 +343,7 @@ func (u *Uploader) upload(ctx context.Context, path, key string, o UploadOptions
 	if err != nil {
 		return nil, err
 	}
-	t.progress, t.attach = progress, o.Attach
+	t.progress, t.opts = progress, o
 	m, err := t.run(ctx, f)
 	if err != nil {
 		t.j.close()
@@ -361,8 +367,8 @@ func (u *Uploader) uploaded(ctx context.Context, key string, src Source, o Uploa
 	if err != nil || m.Source != src || m.From != o.From || m.ChunkSize != u.chunkSize() {
 		return nil, nil
 	}
-	if !bytes.Equal(m.Attached, o.Attach) {
-		m.Attached = o.Attach
+	if !bytes.Equal(m.Attached, o.Attach) || !sameFiles(m.Files, o.Files) {
+		m.Attached, m.Files = o.Attach, o.Files
 		if err := putManifest(ctx, u.Store, m); err != nil {
 			return nil, err
 		}
@@ -385,7 +391,7 @@ type upload struct {
 	nParts int32
 
 	progress Progress
-	attach   []byte // stored in the manifest (UploadOptions.Attach)
+	opts     UploadOptions // what the manifest holds beside the object (Attach, Files)
 }
 
 // start resumes the journaled upload of key if it is for this very file,
@@ -544,7 +550,7 @@ func (t *upload) run(ctx context.Context, f *os.File) (*Manifest, error) {
 			return nil, err
 		}
 	}
-	m := t.u.manifest(t.h.Key, info.ETag, size, cs, crcs, t.h.Source, t.h.From, t.attach)
+	m := t.u.manifest(t.h.Key, info.ETag, size, cs, crcs, t.h.Source, t.h.From, t.opts)
 	m.setBlocks(t.u.blockSize(), partBlocks(t.parts, t.nParts, t.u.blockSize()))
 	if err := putManifest(ctx, t.u.Store, m); err != nil {
 		return nil, err
@@ -701,7 +707,7 @@ func (u *Uploader) putSmall(ctx context.Context, f *os.File, path, key string, s
 	crcs := []uint32{crc32c(buf)}
 	if o.Inline && size <= u.inlineMax() {
 		// The manifest is the object: no object, no ETag.
-		m := u.manifest(key, "", size, u.chunkSize(), crcs, src, from, o.Attach)
+		m := u.manifest(key, "", size, u.chunkSize(), crcs, src, from, o)
 		m.Version, m.Inline = inlineVersion, buf
 		if err := putManifest(ctx, u.Store, m); err != nil {
 			return nil, err
@@ -731,7 +737,7 @@ func (u *Uploader) putSmall(ctx context.Context, f *os.File, path, key string, s
 	if progress != nil {
 		progress(size, size)
 	}
-	m := u.manifest(key, info.ETag, size, u.chunkSize(), crcs, src, from, o.Attach)
+	m := u.manifest(key, info.ETag, size, u.chunkSize(), crcs, src, from, o)
 	if bs := u.blockSize(); m.servedByBlocks(bs) {
 		m.setBlocks(bs, blockCRCs(buf, bs))
 	}
@@ -740,17 +746,25 @@ func (u *Uploader) putSmall(ctx context.Context, f *os.File, path, key string, s
 
 // manifest is the manifest of an object this uploader stored: key and
 // etag, size bytes in chunks of chunkSize with checksums crcs, of the
-// file src from position from, with what the caller attached.
-func (u *Uploader) manifest(key, etag string, size, chunkSize int64, crcs []uint32, src Source, from int64, attach []byte) *Manifest {
+// file src from position from, with what the caller attached and the
+// files it gave (o.Attach, o.Files).
+func (u *Uploader) manifest(key, etag string, size, chunkSize int64, crcs []uint32, src Source, from int64, o UploadOptions) *Manifest {
 	return &Manifest{Version: manifestVersion, Key: key, ETag: etag, Size: size, ChunkSize: chunkSize, CRC32C: crcs,
-		Whole: compositeChecksum(crcs), Source: src, From: from, Stored: time.Now().UTC(), Broker: u.broker(), Attached: attach}
+		Whole: compositeChecksum(crcs), Source: src, From: from, Stored: time.Now().UTC(), Broker: u.broker(), Attached: o.Attach, Files: o.Files}
+}
+
+// sameFiles says a and b hold the same files, in the same order.
+func sameFiles(a, b []File) bool {
+	return slices.EqualFunc(a, b, func(x, y File) bool {
+		return x.Name == y.Name && x.CRC32C == y.CRC32C && bytes.Equal(x.Data, y.Data)
+	})
 }
 
 // putEmpty stores an empty file as its manifest alone: no object (a
 // request saved, and S3 wants at least one part, of which an empty one
 // is not accepted everywhere), no chunks, no ETag.
 func (u *Uploader) putEmpty(ctx context.Context, key string, src Source, o UploadOptions) (*Manifest, error) {
-	m := u.manifest(key, "", 0, u.chunkSize(), nil, src, o.From, o.Attach)
+	m := u.manifest(key, "", 0, u.chunkSize(), nil, src, o.From, o)
 	return m, putManifest(ctx, u.Store, m)
 }
 
@@ -794,7 +808,7 @@ func (u *Uploader) finishCompleted(ctx context.Context, path, key string, src So
 		}
 		crcs = append(crcs, r.CRC32C)
 	}
-	m := u.manifest(key, info.ETag, size, cs, crcs, src, from, o.Attach)
+	m := u.manifest(key, info.ETag, size, cs, crcs, src, from, o)
 	m.setBlocks(u.blockSize(), partBlocks(recs, n, u.blockSize()))
 	if err := u.Verify(ctx, u.Store, m); err != nil {
 		u.log().Warn("completed upload does not verify; uploading again", "key", key, "err", err)

@@ -10,6 +10,8 @@ import (
 	"math/rand/v2"
 	"os"
 	"path/filepath"
+	"slices"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -764,7 +766,7 @@ func TestEmptyObjectOfAnOlderVersion(t *testing.T) {
 		t.Fatal(err)
 	}
 	up := &Uploader{Store: s, ChunkSize: 64 << 10}
-	if err := putManifest(ctx, s, up.manifest("p/empty", info.ETag, 0, 64<<10, nil, Source{}, 0, nil)); err != nil {
+	if err := putManifest(ctx, s, up.manifest("p/empty", info.ETag, 0, 64<<10, nil, Source{}, 0, UploadOptions{})); err != nil {
 		t.Fatal(err)
 	}
 	m, err := LoadManifest(ctx, s, "p/empty")
@@ -969,6 +971,81 @@ func TestUploadAttach(t *testing.T) {
 				if got, err := LoadManifest(ctx, b.s, key); err != nil || !bytes.Equal(got.Attached, other) || Verify(ctx, b.s, got) != nil {
 					t.Fatalf("%d bytes: after the second attachment %q, %v", size, got.Attached, err)
 				}
+			}
+			noUploads(t, b.s)
+		})
+	}
+}
+
+// TestUploadFiles: small files given with an upload are held by its
+// manifest, each read back checked by its CRC32C: a resumed upload of
+// the same file and files sends nothing, one with other files stores the
+// manifest again (not the object), and a manifest whose file does not
+// match its checksum, or that holds a name twice, is refused with an
+// error that names it.
+func TestUploadFiles(t *testing.T) {
+	for _, b := range backends(t) {
+		t.Run(b.name, func(t *testing.T) {
+			ctx := context.Background()
+			up, calls, dir := countingUploader(t, b, 1<<10)
+			for i, size := range []int64{0, 100, 5000, 2*b.chunk + 1} {
+				path := filepath.Join(dir, fmt.Sprint("f", i))
+				randomFile(t, path, size, uint64(40+i))
+				key := fmt.Sprint("p/f", i)
+				files := []File{NewFile(".index", nil), NewFile(".timeindex", []byte("0123456789ab")), NewFile(".snapshot", bytes.Repeat([]byte{byte(i)}, 3000))}
+				m, err := up.UploadWith(ctx, path, key, UploadOptions{Fresh: true, Files: files})
+				if err != nil || !sameFiles(m.Files, files) {
+					t.Fatalf("%d bytes: %+v, %v", size, m, err)
+				}
+				got, err := LoadManifest(ctx, b.s, key)
+				if err != nil {
+					t.Fatalf("%d bytes: %v", size, err)
+				}
+				for _, f := range files {
+					if data, ok := got.File(f.Name); !ok || !bytes.Equal(data, f.Data) {
+						t.Fatalf("%d bytes: the store's manifest holds %s: %v, %d bytes", size, f.Name, ok, len(data))
+					}
+				}
+				if _, ok := got.File(".txnindex"); ok {
+					t.Fatalf("%d bytes: a file not given is held", size)
+				}
+				puts := func() int64 {
+					n, _ := calls.Count(store.OpPut)
+					p, _ := calls.Count(store.OpUploadPart)
+					return n + p
+				}
+				before := puts()
+				if _, err := up.UploadWith(ctx, path, key, UploadOptions{Files: files}); err != nil || puts() != before {
+					t.Fatalf("%d bytes, unchanged: %v, %d puts", size, err, puts()-before)
+				}
+				other := append(slices.Clone(files[:2]), NewFile(".snapshot", []byte("newer")))
+				if m, err := up.UploadWith(ctx, path, key, UploadOptions{Files: other}); err != nil || puts() != before+1 || !sameFiles(m.Files, other) {
+					t.Fatalf("%d bytes, other files: %v, %d puts", size, err, puts()-before)
+				}
+				if got, err := LoadManifest(ctx, b.s, key); err != nil || !sameFiles(got.Files, other) {
+					t.Fatalf("%d bytes: after the other files: %v", size, err)
+				}
+			}
+			// A file's bytes changed in the store, and a name held twice.
+			m, err := ReadManifest(ctx, b.s, "p/f1")
+			if err != nil {
+				t.Fatal(err)
+			}
+			bad := *m
+			bad.Files = slices.Clone(m.Files)
+			bad.Files[1].Data = []byte("0123456789aB")
+			if err := putManifest(ctx, b.s, &bad); err != nil {
+				t.Fatal(err)
+			}
+			if _, err := ReadManifest(ctx, b.s, "p/f1"); !errors.Is(err, ErrChecksum) || !strings.Contains(err.Error(), `".timeindex"`) || !strings.Contains(err.Error(), "p/f1") {
+				t.Fatalf("a changed file: %v", err)
+			}
+			bad.Files = []File{m.Files[0], m.Files[0]}
+			if err := putManifest(ctx, b.s, &bad); err != nil {
+				t.Fatal(err)
+			}
+			if _, err := ReadManifest(ctx, b.s, "p/f1"); err == nil || !strings.Contains(err.Error(), "twice") {
+				t.Fatalf("a name held twice: %v", err)
 			}
 			noUploads(t, b.s)
 		})
