@@ -217,13 +217,26 @@ func (hy *hydrator) restoreIndexes(ctx context.Context, path string, rec Record)
 		return nil // being deleted or cleaned: the broker does not need them
 	}
 	var built map[string][]byte
+	var logM *chunkxfer.Manifest
 	for _, kind := range []string{kafka.KindIndex, kafka.KindTimeIndex} {
 		p := strings.TrimSuffix(path, kafka.KindLog) + kind
 		if _, err := os.Lstat(p); err == nil {
 			continue
 		}
+		if logM == nil {
+			// A small segment's index files are held by its .log's
+			// manifest (the store's copy: the local one keeps none).
+			logM, _ = chunkxfer.ReadManifest(ctx, hy.t.cfg.Store, rec.Key)
+			if logM == nil {
+				logM = &chunkxfer.Manifest{}
+			}
+		}
 		key := strings.TrimSuffix(rec.Key, kafka.KindLog) + kind
-		b, err := store.ReadAll(hy.t.cfg.Store.Get(ctx, key, 0, -1, store.GetOptions{}))
+		b, held := logM.File(kind)
+		var err error
+		if !held {
+			b, err = store.ReadAll(hy.t.cfg.Store.Get(ctx, key, 0, -1, store.GetOptions{}))
+		}
 		if errors.Is(err, store.ErrNotFound) {
 			// An empty or small one is its manifest alone.
 			if m, merr := chunkxfer.LoadManifest(ctx, hy.t.cfg.Store, key); merr == nil && m.NoObject() {

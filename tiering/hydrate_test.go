@@ -1,10 +1,13 @@
 package tiering
 
 import (
+	"bytes"
 	"context"
+	"encoding/json"
 	"errors"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"syscall"
 	"testing"
@@ -76,16 +79,16 @@ func TestHydrate(t *testing.T) {
 	os.Remove(ixPath)
 	os.Remove(tixPath)
 	rec0, _, _ := readRecord(p)
-	// (A small index file is held by its manifest, without an object.)
-	tixKey := strings.TrimSuffix(rec0.Key, ".log") + ".timeindex"
-	for _, k := range []string{tixKey, chunkxfer.ManifestKey(tixKey)} {
-		if err := s.Delete(ctx, k); err != nil {
-			t.Fatal(err)
-		}
+	// (A small segment's index files are held by its .log's manifest,
+	// without keys of their own.)
+	if m, err := chunkxfer.ReadManifest(ctx, s, rec0.Key); err != nil {
+		t.Fatal(err)
+	} else if _, ok := m.File(".index"); !ok {
+		t.Fatalf("the .index is not held by the .log's manifest: %+v", m.Files)
 	}
-	if m, err := chunkxfer.LoadManifest(ctx, s, strings.TrimSuffix(rec0.Key, ".log")+".index"); err != nil || m.Inline == nil {
-		t.Fatalf("the .index is not held by its manifest: %v", err)
-	}
+	editHeldFiles(t, s, rec0.Key, func(fs []chunkxfer.File) []chunkxfer.File {
+		return slices.DeleteFunc(fs, func(f chunkxfer.File) bool { return f.Name == ".timeindex" })
+	})
 	gen := tr.Counters().HydratedSegments[tiered.CauseHydrate].Load()
 	var done, total int64
 	st, err := tr.HydrateNow(ctx, rel, func(d, tot int64) { done, total = d, tot })
@@ -172,11 +175,15 @@ func TestHydrateEmptyIndex(t *testing.T) {
 	}
 	rec, _, _ := readRecord(p)
 	key := strings.TrimSuffix(rec.Key, ".log") + ".index"
-	if _, err := s.Head(ctx, key); !errors.Is(err, store.ErrNotFound) {
-		t.Fatalf("an empty index was stored as an object: %v", err)
+	for _, k := range []string{key, chunkxfer.ManifestKey(key)} {
+		if _, err := s.Head(ctx, k); !errors.Is(err, store.ErrNotFound) {
+			t.Fatalf("an empty index held by the .log's manifest was stored as %s: %v", k, err)
+		}
 	}
-	if m, err := chunkxfer.LoadManifest(ctx, s, key); err != nil || !m.NoObject() {
-		t.Fatalf("its manifest: %+v %v", m, err)
+	if m, err := chunkxfer.ReadManifest(ctx, s, rec.Key); err != nil {
+		t.Fatal(err)
+	} else if b, ok := m.File(".index"); !ok || len(b) != 0 {
+		t.Fatalf("the .log's manifest holds the .index: %v, %d bytes", ok, len(b))
 	}
 	os.Remove(ixPath)
 	if st, err := tr.HydrateNow(ctx, rel, nil); err != nil || st != StateShipped {
@@ -184,5 +191,68 @@ func TestHydrateEmptyIndex(t *testing.T) {
 	}
 	if b, err := os.ReadFile(ixPath); err != nil || len(b) != 0 {
 		t.Fatalf("the .index came back with %d bytes (%v), want the empty one shipped", len(b), err)
+	}
+}
+
+// TestHydrateRestoresAnOlderLayout: a store written before a small
+// segment's index files were held by its .log's manifest keeps them as
+// objects or manifests of their own (an empty one as its manifest alone,
+// a small one holding its bytes); a hydration restores them from there.
+func TestHydrateRestoresAnOlderLayout(t *testing.T) {
+	root, bases, sums := logDir(t)
+	rel := "orders-0/" + kafkaName(bases["orders-0"][1], ".log")
+	p := filepath.Join(root, rel)
+	ixPath, tixPath := strings.TrimSuffix(p, ".log")+".index", strings.TrimSuffix(p, ".log")+".timeindex"
+	s := store.NewMem(nil)
+	tr, err := New(Config{Root: root, StateDir: filepath.Join(root, ".tierfs"), Store: s, Policy: Policy{ShipAfter: 1000 * time.Hour}, ChunkSize: 64 << 10})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer tr.Close()
+	ctx := context.Background()
+	if err := os.Truncate(ixPath, 0); err != nil {
+		t.Fatal(err)
+	}
+	if st, err := tr.EvictNow(ctx, rel, nil); err != nil || st != StateRemote {
+		t.Fatalf("evict: %s %v", st, err)
+	}
+	rec, _, _ := readRecord(p)
+	up := &chunkxfer.Uploader{Store: s, ChunkSize: 64 << 10, JournalDir: t.TempDir()}
+	for _, kind := range []string{".index", ".timeindex"} {
+		if _, err := up.UploadSmall(ctx, strings.TrimSuffix(p, ".log")+kind, strings.TrimSuffix(rec.Key, ".log")+kind, true); err != nil {
+			t.Fatal(err)
+		}
+	}
+	editHeldFiles(t, s, rec.Key, func([]chunkxfer.File) []chunkxfer.File { return nil })
+	want := sums[tixPath]
+	os.Remove(ixPath)
+	os.Remove(tixPath)
+	if st, err := tr.HydrateNow(ctx, rel, nil); err != nil || st != StateShipped {
+		t.Fatalf("hydrate: %s %v", st, err)
+	}
+	if b, err := os.ReadFile(ixPath); err != nil || len(b) != 0 {
+		t.Errorf("the .index came back with %d bytes (%v), want the empty one shipped", len(b), err)
+	}
+	if b, err := os.ReadFile(tixPath); err != nil || sha(b) != want {
+		t.Errorf("the .timeindex was not restored from its manifest: %v", err)
+	}
+}
+
+// editHeldFiles rewrites the store's manifest of key with the files
+// edit makes of those it holds.
+func editHeldFiles(t *testing.T, s store.Store, key string, edit func([]chunkxfer.File) []chunkxfer.File) {
+	t.Helper()
+	ctx := context.Background()
+	m, err := chunkxfer.ReadManifest(ctx, s, key)
+	if err != nil {
+		t.Fatal(err)
+	}
+	m.Files = edit(m.Files)
+	b, err := json.Marshal(m)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := s.Put(ctx, chunkxfer.ManifestKey(key), bytes.NewReader(b), int64(len(b))); err != nil {
+		t.Fatal(err)
 	}
 }

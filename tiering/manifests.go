@@ -125,6 +125,14 @@ func (mc *manifestCopies) putAll(ms []*chunkxfer.Manifest) error {
 		if manifestGroup(m.Key) != manifestGroup(ms[0].Key) {
 			return fmt.Errorf("manifest copies of %s and %s: not of one partition", ms[0].Key, m.Key)
 		}
+		if m.Files != nil {
+			// The files a manifest holds are read from the store's copy
+			// (restoring a missing index, mirroring); reads of the
+			// object need none of them.
+			c := *m
+			c.Files = nil
+			m = &c
+		}
 		b, err := json.Marshal(m)
 		if err != nil {
 			return err

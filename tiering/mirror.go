@@ -11,6 +11,7 @@ import (
 	"slices"
 	"sort"
 	"strconv"
+	"strings"
 	"syscall"
 	"time"
 
@@ -92,9 +93,18 @@ func (mr *mirror) Mirror(ctx context.Context) MirrorReport {
 	}
 	// Gone or replaced first, then what is new; the catalog is saved
 	// after each change, so a crash leaves nothing it does not know of.
+	newest := newestLogs(want)
 	for rel, key := range have {
 		if _, still := want[rel]; still {
 			continue // the same, or replaced below by a rename over it
+		}
+		if logKey, kind, ok := parseHeldKey(key); ok {
+			if kind == kindEpochs && newest[path.Dir(rel)] != "" {
+				continue // replaced below from the newest segment's manifest
+			}
+			if kind != kindEpochs && want[strings.TrimSuffix(rel, kind)+kafka.KindLog].Key == logKey {
+				continue // held by a segment still mirrored
+			}
 		}
 		if err := os.Remove(filepath.Join(mr.t.cfg.Root, rel)); err != nil && !os.IsNotExist(err) {
 			rep.Errors = append(rep.Errors, err)
@@ -114,12 +124,14 @@ func (mr *mirror) Mirror(ctx context.Context) MirrorReport {
 		rels = append(rels, rel)
 	}
 	sort.Strings(rels)
+	held := map[string]*chunkxfer.Manifest{} // of the segments mirrored in this pass
 	for _, rel := range rels {
 		o := want[rel]
 		if have[rel] == o.Key {
 			continue
 		}
-		if err := mr.mirrorFile(ctx, rel, o); err != nil {
+		m, err := mr.mirrorFile(ctx, rel, o)
+		if err != nil {
 			rep.Errors = append(rep.Errors, fmt.Errorf("mirror %s: %w", o.Key, err))
 			continue
 		}
@@ -128,6 +140,59 @@ func (mr *mirror) Mirror(ctx context.Context) MirrorReport {
 		}
 		have[rel] = o.Key
 		rep.Added++
+		if m != nil {
+			held[o.Key] = m
+			// The files its manifest holds, beside it (the leader-epoch
+			// checkpoint below, from the partition's newest segment).
+			for _, f := range m.Files {
+				frel := strings.TrimSuffix(rel, kafka.KindLog) + f.Name
+				if !slices.Contains(segmentFileKinds, f.Name) {
+					continue // the leader-epoch checkpoint, or not a file of a segment
+				}
+				if _, listed := want[frel]; listed {
+					continue // an object of its own too (an older shipment's)
+				}
+				if err := mr.placeFile(frel, f.Data, o.ModTime); err != nil {
+					rep.Errors = append(rep.Errors, fmt.Errorf("mirror %s of %s: %w", f.Name, o.Key, err))
+					continue
+				}
+				have[frel] = heldKey(o.Key, f.Name)
+				rep.Added++
+			}
+		}
+		if err := mr.saveCatalog(have); err != nil {
+			rep.Errors = append(rep.Errors, err)
+			return rep
+		}
+	}
+	// Each partition's leader-epoch-checkpoint, where its newest segment
+	// has no object of it: the one that segment's manifest holds.
+	for dir, logRel := range newest {
+		rel := dir + "/leader-epoch-checkpoint"
+		o := want[logRel]
+		if _, listed := want[rel]; listed || have[rel] == heldKey(o.Key, kindEpochs) {
+			continue
+		}
+		m := held[o.Key]
+		if m == nil {
+			var err error
+			if m, err = chunkxfer.ReadManifest(ctx, mr.t.cfg.Store, o.Key); err != nil {
+				rep.Errors = append(rep.Errors, fmt.Errorf("mirror the leader-epoch-checkpoint of %s: %w", dir, err))
+				continue
+			}
+		}
+		if b, ok := m.File(kindEpochs); ok {
+			if err := mr.placeFile(rel, b, o.ModTime); err != nil {
+				rep.Errors = append(rep.Errors, fmt.Errorf("mirror the leader-epoch-checkpoint of %s: %w", dir, err))
+				continue
+			}
+			rep.Added++
+		} else if err := os.Remove(filepath.Join(mr.t.cfg.Root, rel)); err == nil {
+			rep.Removed++
+		}
+		// Decided from that segment (held or not): not read again until
+		// another is the newest.
+		have[rel] = heldKey(o.Key, kindEpochs)
 		if err := mr.saveCatalog(have); err != nil {
 			rep.Errors = append(rep.Errors, err)
 			return rep
@@ -135,6 +200,32 @@ func (mr *mirror) Mirror(ctx context.Context) MirrorReport {
 	}
 	return rep
 }
+
+// segmentFileKinds are the files of a segment that its .log's manifest
+// may hold (besides the partition's leader-epoch checkpoint).
+var segmentFileKinds = []string{kafka.KindIndex, kafka.KindTimeIndex, kafka.KindTxnIndex, kafka.KindSnapshot}
+
+// newestLogs are, of the files wanted, each partition's newest .log.
+func newestLogs(want map[string]store.ObjectInfo) map[string]string {
+	out := map[string]string{}
+	for rel := range want {
+		if path.Ext(rel) != kafka.KindLog {
+			continue
+		}
+		if dir := path.Dir(rel); out[dir] == "" || path.Base(rel) > path.Base(out[dir]) {
+			out[dir] = rel // base offsets of 20 digits: by name is by offset
+		}
+	}
+	return out
+}
+
+// heldKey is what the mirror's catalog says of a file that the manifest
+// of the object logKey holds (kind, as Manifest.Files names it): no
+// store key has a '#'.
+func heldKey(logKey, kind string) string { return logKey + "#" + kind }
+
+// parseHeldKey is the object and kind of a heldKey.
+func parseHeldKey(k string) (logKey, kind string, ok bool) { return strings.Cut(k, "#") }
 
 func (mr *mirror) saveCatalog(c mirrorCatalog) error {
 	b, err := json.Marshal(c)
@@ -241,8 +332,29 @@ func wantedFiles(objs []store.ObjectInfo) map[string]store.ObjectInfo {
 // mirrorFile puts one file in place: a .log as an evicted stub (its
 // size, its record and manifest; no bytes), anything else downloaded.
 // It is made in the state dir and renamed into place whole, so the
-// mount never shows a stub without its record.
-func (mr *mirror) mirrorFile(ctx context.Context, rel string, o store.ObjectInfo) error {
+// mount never shows a stub without its record. It returns a .log's
+// manifest, as the store has it (with the files it holds).
+func (mr *mirror) mirrorFile(ctx context.Context, rel string, o store.ObjectInfo) (*chunkxfer.Manifest, error) {
+	var logM *chunkxfer.Manifest
+	err := mr.writeFile(rel, o.ModTime, func(f *os.File, tmp string) error {
+		m, err := mr.fill(ctx, f, tmp, rel, o)
+		logM = m
+		return err
+	})
+	return logM, err
+}
+
+// placeFile puts a file of bytes b in place (as mirrorFile).
+func (mr *mirror) placeFile(rel string, b []byte, mtime time.Time) error {
+	return mr.writeFile(rel, mtime, func(f *os.File, _ string) error {
+		_, err := f.Write(b)
+		return err
+	})
+}
+
+// writeFile makes the file rel with fill, in the state dir, then gives
+// it its mode and mtime and renames it into place.
+func (mr *mirror) writeFile(rel string, mtime time.Time, fill func(f *os.File, tmp string) error) error {
 	tmpDir := filepath.Join(mr.t.cfg.StateDir, "mirror-tmp")
 	if err := os.MkdirAll(tmpDir, 0o700); err != nil {
 		return err
@@ -254,53 +366,8 @@ func (mr *mirror) mirrorFile(ctx context.Context, rel string, o store.ObjectInfo
 	tmp := f.Name()
 	defer os.Remove(tmp)
 	defer f.Close()
-	mtime := o.ModTime
-	if path.Ext(rel) == kafka.KindLog {
-		m, err := chunkxfer.LoadManifest(ctx, mr.t.cfg.Store, o.Key)
-		if err != nil {
-			return err
-		}
-		if m.ETag != o.ETag || m.Size != o.Size {
-			return fmt.Errorf("its manifest is of another version (etag %s, %d bytes; the object's %s, %d bytes)", m.ETag, m.Size, o.ETag, o.Size)
-		}
-		if err := f.Truncate(m.Size); err != nil {
-			return err
-		}
-		var st syscall.Stat_t
-		if err := syscall.Fstat(int(f.Fd()), &st); err != nil {
-			return err
-		}
-		if err := mr.t.manifests.put(m); err != nil {
-			return err
-		}
-		rec := Record{State: StateRemote, Key: o.Key, ETag: m.ETag, Size: m.Size, MtimeNs: mtime.UnixNano(), Ino: st.Ino, Freed: true}
-		if err := writeRecord(tmp, rec); err != nil {
-			return err
-		}
-	} else if o.ETag == "" && o.Size == 0 {
-		// Only its manifest is stored: it must say the file is empty,
-		// or hold its bytes (checked against its checksum).
-		m, err := chunkxfer.LoadManifest(ctx, mr.t.cfg.Store, o.Key)
-		if err != nil {
-			return err
-		}
-		if !m.NoObject() {
-			return fmt.Errorf("its object is missing, and its manifest is of %d bytes", m.Size)
-		}
-		if _, err := f.Write(m.Inline); err != nil {
-			return err
-		}
-	} else {
-		b, err := store.ReadAll(mr.t.cfg.Store.Get(ctx, o.Key, 0, -1, store.GetOptions{}))
-		if err != nil {
-			return err
-		}
-		if int64(len(b)) != o.Size {
-			return fmt.Errorf("read %d bytes of %d", len(b), o.Size)
-		}
-		if _, err := f.Write(b); err != nil {
-			return err
-		}
+	if err := fill(f, tmp); err != nil {
+		return err
 	}
 	if err := f.Chmod(0o644); err != nil {
 		return err
@@ -314,6 +381,57 @@ func (mr *mirror) mirrorFile(ctx context.Context, rel string, o store.ObjectInfo
 		return err
 	}
 	return os.Rename(tmp, dst)
+}
+
+// fill writes into f (at tmp) the file rel of the store's object o
+// (mirrorFile), and returns a .log's manifest.
+func (mr *mirror) fill(ctx context.Context, f *os.File, tmp, rel string, o store.ObjectInfo) (*chunkxfer.Manifest, error) {
+	if path.Ext(rel) == kafka.KindLog {
+		m, err := chunkxfer.LoadManifest(ctx, mr.t.cfg.Store, o.Key)
+		if err != nil {
+			return nil, err
+		}
+		if m.ETag != o.ETag || m.Size != o.Size {
+			return nil, fmt.Errorf("its manifest is of another version (etag %s, %d bytes; the object's %s, %d bytes)", m.ETag, m.Size, o.ETag, o.Size)
+		}
+		if err := f.Truncate(m.Size); err != nil {
+			return nil, err
+		}
+		var st syscall.Stat_t
+		if err := syscall.Fstat(int(f.Fd()), &st); err != nil {
+			return nil, err
+		}
+		if err := mr.t.manifests.put(m); err != nil {
+			return nil, err
+		}
+		rec := Record{State: StateRemote, Key: o.Key, ETag: m.ETag, Size: m.Size, MtimeNs: o.ModTime.UnixNano(), Ino: st.Ino, Freed: true}
+		return m, writeRecord(tmp, rec)
+	} else if o.ETag == "" && o.Size == 0 {
+		// Only its manifest is stored: it must say the file is empty,
+		// or hold its bytes (checked against its checksum).
+		m, err := chunkxfer.LoadManifest(ctx, mr.t.cfg.Store, o.Key)
+		if err != nil {
+			return nil, err
+		}
+		if !m.NoObject() {
+			return nil, fmt.Errorf("its object is missing, and its manifest is of %d bytes", m.Size)
+		}
+		if _, err := f.Write(m.Inline); err != nil {
+			return nil, err
+		}
+	} else {
+		b, err := store.ReadAll(mr.t.cfg.Store.Get(ctx, o.Key, 0, -1, store.GetOptions{}))
+		if err != nil {
+			return nil, err
+		}
+		if int64(len(b)) != o.Size {
+			return nil, fmt.Errorf("read %d bytes of %d", len(b), o.Size)
+		}
+		if _, err := f.Write(b); err != nil {
+			return nil, err
+		}
+	}
+	return nil, nil
 }
 
 // RunMirror mirrors the store every interval until ctx ends (the

@@ -8,6 +8,7 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/tierfs/tierfs/chunkxfer"
 	"github.com/tierfs/tierfs/chunkxfer/store"
 )
 
@@ -104,7 +105,83 @@ func TestMirror(t *testing.T) {
 	if rep.Removed < 1 || len(rep.Errors) > 0 {
 		t.Fatalf("after a deletion: %+v", rep)
 	}
-	if _, err := os.Stat(filepath.Join(readerRoot, "orders-0", filepath.Base(seg0))); !os.IsNotExist(err) {
-		t.Fatalf("deleted segment still mirrored: %v", err)
+	for _, ext := range []string{".log", ".index", ".timeindex", ".txnindex"} {
+		if _, err := os.Stat(filepath.Join(readerRoot, "orders-0", kafkaName(bases["orders-0"][0], ext))); !os.IsNotExist(err) {
+			t.Errorf("deleted segment's %s still mirrored: %v", ext, err)
+		}
+	}
+	if _, err := os.Stat(filepath.Join(readerRoot, "orders-0", "leader-epoch-checkpoint")); err != nil {
+		t.Errorf("the partition's leader-epoch-checkpoint went with a segment: %v", err)
+	}
+	if again := reader.mirror.Mirror(ctx); again.Added+again.Removed != 0 || len(again.Errors) > 0 {
+		t.Fatalf("a pass after the deletion changed things: %+v", again)
+	}
+}
+
+// TestMirrorAnOlderLayout: a store written before a small segment's
+// files were held by its .log's manifest, where each is an object or a
+// manifest of its own, is mirrored as before.
+func TestMirrorAnOlderLayout(t *testing.T) {
+	root, bases, sums := logDir(t)
+	s := store.NewMem(nil)
+	leader := newTierer(t, root, s, 1)
+	mustPass(t, leader)
+	ctx := context.Background()
+	up := &chunkxfer.Uploader{Store: s, ChunkSize: 64 << 10, JournalDir: t.TempDir(), InlineMax: -1}
+	for _, p := range []string{"orders-0", "orders-1"} {
+		for i, base := range bases[p] {
+			seg := filepath.Join(root, p, kafkaName(base, ".log"))
+			rec, has, _ := readRecord(seg)
+			if !has {
+				continue
+			}
+			m, err := chunkxfer.ReadManifest(ctx, s, rec.Key)
+			if err != nil || len(m.Files) == 0 {
+				t.Fatalf("%s: %v, holds %d files", rec.Key, err, len(m.Files))
+			}
+			// Objects of their own (InlineMax -1: none held by its manifest).
+			for _, f := range m.Files {
+				src := strings.TrimSuffix(seg, ".log") + f.Name
+				if f.Name == ".leader-epoch-checkpoint" {
+					src = filepath.Join(root, p, "leader-epoch-checkpoint")
+				}
+				if _, err := up.UploadSmall(ctx, src, strings.TrimSuffix(rec.Key, ".log")+f.Name, true); err != nil {
+					t.Fatal(err)
+				}
+			}
+			if i == 0 {
+				editHeldFiles(t, s, rec.Key, func([]chunkxfer.File) []chunkxfer.File { return nil })
+			}
+		}
+	}
+	readerRoot := filepath.Join(t.TempDir(), "reader")
+	reader, err := New(Config{Root: readerRoot, StateDir: filepath.Join(t.TempDir(), "state"), Store: s, ChunkSize: 64 << 10})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer reader.Close()
+	if rep := reader.mirror.Mirror(ctx); len(rep.Errors) > 0 || rep.Segments == 0 {
+		t.Fatalf("%+v", rep)
+	}
+	for _, p := range []string{"orders-0", "orders-1"} {
+		for _, base := range bases[p] {
+			if _, has, _ := readRecord(filepath.Join(root, p, kafkaName(base, ".log"))); !has {
+				continue
+			}
+			for _, ext := range []string{".index", ".timeindex"} {
+				b, err := os.ReadFile(filepath.Join(readerRoot, p, kafkaName(base, ext)))
+				if err != nil || sha(b) != sums[filepath.Join(root, p, kafkaName(base, ext))] {
+					t.Errorf("%s: %v, or other bytes", kafkaName(base, ext), err)
+				}
+			}
+		}
+		got, err := os.ReadFile(filepath.Join(readerRoot, p, "leader-epoch-checkpoint"))
+		want, _ := os.ReadFile(filepath.Join(root, p, "leader-epoch-checkpoint"))
+		if err != nil || len(want) == 0 || !bytes.Equal(got, want) {
+			t.Errorf("%s: leader-epoch-checkpoint %q, %v; want %q", p, got, err, want)
+		}
+	}
+	if again := reader.mirror.Mirror(ctx); again.Added+again.Removed != 0 || len(again.Errors) > 0 {
+		t.Fatalf("a second pass changed things: %+v", again)
 	}
 }

@@ -356,13 +356,21 @@ type shipCommit struct {
 	// fresh says sh is catalogued by this shipment, not found from an
 	// earlier, interrupted one: none of its objects can be in the store.
 	fresh bool
-	// unstored are the objects sh lists that the upload stored in their
-	// manifests alone (empty and small files); with fresh, none of them
-	// is in the store, and the shipment recorded shipped lists them no
-	// more (a deletion sends no request for them).
+	// unstored are the keys sh lists that the upload did not store:
+	// the objects of files stored in their manifests alone (empty and
+	// small files), and both keys of files held by the .log's manifest;
+	// with fresh, none of them is in the store, and the shipment recorded
+	// shipped lists them no more (a deletion sends no request for them).
 	unstoredMu sync.Mutex
 	unstored   []string // GUARDED_BY(unstoredMu)
 	undo       []func() // run by release, last first
+}
+
+// unstore notes keys that the upload did not store (unstored).
+func (c *shipCommit) unstore(keys ...string) {
+	c.unstoredMu.Lock()
+	defer c.unstoredMu.Unlock()
+	c.unstored = append(c.unstored, keys...)
 }
 
 // release lets go of what c holds: its claims, and its file counts as
@@ -611,6 +619,43 @@ func (sp *shipper) upload(ctx context.Context, c *shipCommit, progress chunkxfer
 	} else {
 		puts = append(puts, func() error { return sp.putBatchList(ctx, seg, key, from, c.batches) })
 	}
+	if from == 0 {
+		held := 0
+		for _, sk := range sp.sidecarKeys(seg, st)[1:] {
+			if !slices.Contains(sh.Objects, sk.key) {
+				// Appeared after the shipment was catalogued: kept local only.
+				continue
+			}
+			if st.Size <= attachBatchesUpTo {
+				// A small segment's small files (its indexes, snapshot,
+				// the leader-epoch checkpoint) go in its .log's manifest:
+				// no request, and no key, of their own.
+				b, ok, err := readSmallFile(sk.path, maxHeldFile)
+				if err != nil {
+					return fmt.Errorf("ship %s: %w", filepath.Base(sk.path), err)
+				}
+				if ok && held+len(b) <= maxHeldFiles {
+					held += len(b)
+					opts.Files = append(opts.Files, chunkxfer.NewFile(sk.kind, b))
+					c.unstore(sk.key, chunkxfer.ManifestKey(sk.key))
+					continue
+				}
+			}
+			// A small one (most are: index files of small segments,
+			// the leader-epoch checkpoint, snapshots) is stored in its
+			// manifest alone.
+			puts = append(puts, func() error {
+				m, err := sp.t.up.UploadSmall(ctx, sk.path, sk.key, c.fresh)
+				if err != nil {
+					return fmt.Errorf("ship %s: %w", filepath.Base(sk.path), err)
+				}
+				if m.NoObject() {
+					c.unstore(sk.key)
+				}
+				return nil
+			})
+		}
+	}
 	// The segment's objects go up at once: each is a request (and, on a
 	// directory store, a sync) of its own, and a small segment's cost is
 	// their latency, not its bytes. None is pointed at before all are in:
@@ -624,29 +669,6 @@ func (sp *shipper) upload(ctx context.Context, c *shipCommit, progress chunkxfer
 		}
 		return nil
 	})
-	if from == 0 {
-		for _, sk := range sp.sidecarKeys(seg, st)[1:] {
-			if !slices.Contains(sh.Objects, sk.key) {
-				// Appeared after the shipment was catalogued: kept local only.
-				continue
-			}
-			// A small one (most are: index files of small segments,
-			// the leader-epoch checkpoint, snapshots) is stored in its
-			// manifest alone.
-			puts = append(puts, func() error {
-				m, err := sp.t.up.UploadSmall(ctx, sk.path, sk.key, c.fresh)
-				if err != nil {
-					return fmt.Errorf("ship %s: %w", filepath.Base(sk.path), err)
-				}
-				if m.NoObject() {
-					c.unstoredMu.Lock()
-					c.unstored = append(c.unstored, sk.key)
-					c.unstoredMu.Unlock()
-				}
-				return nil
-			})
-		}
-	}
 	mem := sp.t.uploadMemory(st.Size - from)
 	if err := sp.t.upMem.Acquire(ctx, mem); err != nil {
 		return err
@@ -990,16 +1012,49 @@ func (sp *shipper) shipmentOf(seg Segment, st *syscall.Stat_t, key string, from 
 // .log first, then its indexes, snapshot and the partition's
 // leader-epoch-checkpoint, those that exist.
 func (sp *shipper) sidecarKeys(seg Segment, st *syscall.Stat_t) []sidecarKey {
-	out := []sidecarKey{{seg.LogPath(), sp.objectKey(seg, st, ".log")}}
-	for _, kind := range []string{kafka.KindIndex, kafka.KindTimeIndex, kafka.KindTxnIndex, kafka.KindSnapshot} {
+	out := []sidecarKey{{seg.LogPath(), sp.objectKey(seg, st, kafka.KindLog), kafka.KindLog}}
+	for _, kind := range segmentFileKinds {
 		if p := sidecar(seg, kind); fileExists(p) {
-			out = append(out, sidecarKey{p, sp.objectKey(seg, st, kind)})
+			out = append(out, sidecarKey{p, sp.objectKey(seg, st, kind), kind})
 		}
 	}
 	if p := filepath.Join(seg.Dir, "leader-epoch-checkpoint"); fileExists(p) {
-		out = append(out, sidecarKey{p, sp.objectKey(seg, st, ".leader-epoch-checkpoint")})
+		out = append(out, sidecarKey{p, sp.objectKey(seg, st, kindEpochs), kindEpochs})
 	}
 	return out
+}
+
+// kindEpochs ends the key of a segment's copy of its partition's
+// leader-epoch-checkpoint, and names it among the files its .log's
+// manifest holds.
+const kindEpochs = ".leader-epoch-checkpoint"
+
+// A small segment's (attachBatchesUpTo) index files, snapshot and
+// leader-epoch checkpoint are held by its .log's manifest
+// (chunkxfer.Manifest.Files, named by their kind: ".index", ...) when
+// each is of at most maxHeldFile bytes and all of maxHeldFiles: the
+// manifest, read by every broker that maps onto the object, stays small.
+const (
+	maxHeldFile  = chunkxfer.DefaultInlineMax
+	maxHeldFiles = 64 << 10
+)
+
+// readSmallFile reads the file at p if it has at most max bytes (ok).
+func readSmallFile(p string, max int) (b []byte, ok bool, err error) {
+	f, err := os.Open(p)
+	if err != nil {
+		return nil, false, err
+	}
+	defer f.Close()
+	fi, err := f.Stat()
+	if err != nil || fi.Size() > int64(max) {
+		return nil, false, err
+	}
+	b = make([]byte, fi.Size())
+	if _, err := io.ReadFull(f, b); err != nil {
+		return nil, false, fmt.Errorf("read %s: %w", p, err)
+	}
+	return b, true, nil
 }
 
 // index appends the entries of c's object (the segment's bytes from

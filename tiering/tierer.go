@@ -498,7 +498,7 @@ func sameFile(path string, st *syscall.Stat_t) error {
 	return nil
 }
 
-type sidecarKey struct{ path, key string }
+type sidecarKey struct{ path, key, kind string }
 
 func fileExists(p string) bool {
 	_, err := os.Stat(p)

@@ -384,12 +384,12 @@ func TestShipRequestsPerSegment(t *testing.T) {
 	ships, _ := tr.shipments.all()
 	puts, gets, heads := s.Calls(store.OpPut), s.Calls(store.OpGet), s.Calls(store.OpHead)
 	others := s.Calls(store.OpCreateMultipart) + s.Calls(store.OpList)
-	// A shipment lists what its segment put in the store: each object
-	// with its manifest, and the manifests alone of empty and small
-	// files (not the names of objects they never had); its .batches name
-	// too, whose list is in the .log's manifest.
+	// A shipment lists what its segment put in the store: its object
+	// with its manifest, which holds the segment's batch list, index
+	// files and leader-epoch-checkpoint (those have no keys of their own),
+	// and its .batches name.
 	listed := map[string]bool{}
-	objects, empty, inline, attached := 0, 0, 0, 0
+	objects, attached, held := 0, 0, 0
 	for _, sh := range ships {
 		for _, k := range ownObjects(sh) {
 			listed[k] = true
@@ -405,15 +405,20 @@ func TestShipRequestsPerSegment(t *testing.T) {
 			}
 			if obj, ok := chunkxfer.ManifestOf(k); ok {
 				m, err := chunkxfer.LoadManifest(context.Background(), s, obj)
-				switch {
-				case err != nil:
+				if err != nil {
 					t.Errorf("%s: %v", k, err)
-				case !m.NoObject():
-				case m.Inline != nil:
-					inline++ // a small file: its manifest alone, holding it
-				default:
-					empty++ // an empty file: its manifest alone
+					continue
 				}
+				if !strings.HasSuffix(obj, ".log") {
+					t.Errorf("%s: a manifest of its own for a small segment's %s", k, filepath.Ext(obj))
+					continue
+				}
+				for _, kind := range []string{".index", ".timeindex", ".leader-epoch-checkpoint"} {
+					if _, ok := m.File(kind); !ok {
+						t.Errorf("%s holds no %s: %v", k, kind, m.Files)
+					}
+				}
+				held += len(m.Files)
 				continue
 			}
 			if _, err := s.Head(context.Background(), k); err != nil {
@@ -433,16 +438,13 @@ func TestShipRequestsPerSegment(t *testing.T) {
 	if attached != rep.Shipped {
 		t.Errorf("%d batch lists held by their object's manifest, want one a segment", attached)
 	}
-	// Each object once, and the partition's index once for the pass's
-	// segments (a commit of them all).
-	if empty == 0 {
-		t.Error("no empty file among the segments' objects (a one-batch segment's .index and .timeindex are empty)")
+	if held < 3*rep.Shipped {
+		t.Errorf("%d files held by the manifests of %d segments", held, rep.Shipped)
 	}
-	if inline != rep.Shipped {
-		t.Errorf("%d small files held by their manifests, want one a segment (its copy of the leader-epoch-checkpoint)", inline)
-	}
-	if puts != objects-attached+1 {
-		t.Errorf("%d puts for %d objects (%d of them empty files, %d small, %d batch lists in manifests) of %d segments", puts, objects, empty, inline, attached, rep.Shipped)
+	// Each segment's object and its manifest, and the partition's index
+	// once for the pass's segments (a commit of them all).
+	if objects != 3*rep.Shipped || puts != 2*rep.Shipped+1 {
+		t.Errorf("%d puts for %d objects listed (%d files held by manifests, %d batch lists in manifests) of %d segments", puts, objects, held, attached, rep.Shipped)
 	}
 	if gets != rep.Shipped {
 		t.Errorf("%d gets for %d segments, want one each (the check of the copy)", gets, rep.Shipped)
