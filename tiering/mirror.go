@@ -98,7 +98,8 @@ func (mr *mirror) Mirror(ctx context.Context) MirrorReport {
 		if _, still := want[rel]; still {
 			continue // the same, or replaced below by a rename over it
 		}
-		if logKey, kind, ok := parseHeldKey(key); ok {
+		logKey, kind, isHeld := parseHeldKey(key)
+		if isHeld {
 			if kind == kindEpochs && newest[path.Dir(rel)] != "" {
 				continue // replaced below from the newest segment's manifest
 			}
@@ -110,7 +111,9 @@ func (mr *mirror) Mirror(ctx context.Context) MirrorReport {
 			rep.Errors = append(rep.Errors, err)
 			continue
 		}
-		mr.t.manifests.remove(key)
+		if !isHeld {
+			mr.t.manifests.remove(key)
+		}
 		delete(have, rel)
 		rep.Removed++
 		os.Remove(filepath.Join(mr.t.cfg.Root, path.Dir(rel))) // the partition dir, once empty
