@@ -100,6 +100,13 @@ func (dl *deleter) alive(rootFd int, s Shipment) (bool, error) {
 		return true, errNoHandle
 	}
 	fd, err := unix.OpenByHandleAt(rootFd, unix.NewFileHandle(s.HandleType, s.Handle), unix.O_RDONLY|unix.O_CLOEXEC|unix.O_NONBLOCK)
+	for wait := time.Millisecond; errors.Is(err, unix.ENOMEM) && wait <= 16*time.Millisecond; wait *= 4 {
+		// The kernel says ENOMEM for a file unlinked and closed a moment
+		// ago whose inode it has not yet let go of (it found no name
+		// for it); once it has, the answer is ESTALE. Asked again.
+		time.Sleep(wait)
+		fd, err = unix.OpenByHandleAt(rootFd, unix.NewFileHandle(s.HandleType, s.Handle), unix.O_RDONLY|unix.O_CLOEXEC|unix.O_NONBLOCK)
+	}
 	if errors.Is(err, unix.ESTALE) || errors.Is(err, unix.ENOENT) {
 		return false, nil
 	}
