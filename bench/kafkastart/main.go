@@ -43,6 +43,7 @@ func main() {
 	runs := flag.Int("runs", 3, "starts per configuration")
 	warm := flag.Bool("warm", false, "keep the page cache between starts (a restart on a running machine) instead of dropping it (a start after a reboot)")
 	perfDir := flag.String("perf", "", "if set, record each start system-wide with perf record -a -g into this directory (run-N-CONFIG.data)")
+	recovery := flag.Int("recovery-threads", 2, "the broker's num.recovery.threads.per.data.dir, the same in every configuration (2 is Kafka's default): the threads that load the logs at a start")
 	fsType := flag.String("fs", "ext4", "run on a fresh file system of this type (mkfs.TYPE on a loop device, as root); \"\" for a directory in $TMPDIR")
 	flag.Parse()
 
@@ -66,7 +67,7 @@ func main() {
 	plain := filepath.Join(dir, "plain")
 	work := filepath.Join(dir, "broker")
 	br, err := kafka.Start(kafka.Options{LogDir: plain, MetadataDir: filepath.Join(work, "metadata"), WorkDir: work,
-		Props: map[string]string{"log.flush.interval.ms": "9223372036854775807", "num.recovery.threads.per.data.dir": "2"}})
+		Props: map[string]string{"log.flush.interval.ms": "9223372036854775807", "num.recovery.threads.per.data.dir": strconv.Itoa(*recovery)}})
 	check(err)
 	u.Push(func() { br.Stop() })
 	const topic = "history"
@@ -184,8 +185,8 @@ func main() {
 	rep := benchutil.Report{
 		Name:  "kafkastart",
 		Title: "A Kafka broker's start-up with many segments",
-		Notes: []string{fmt.Sprintf("Kafka %s broker (KRaft, one node), one topic of %d partitions with %d segments (%.0f MB of .log) that the broker wrote itself (segments rolled by segment.ms) and then stopped cleanly; the same log dir copied to each configuration. One broker is pointed at each in turn, in an order that rotates, %s; a start is timed from the process's start to \"Kafka Server started\", then the broker stops cleanly. Medians of %d starts; × plain and × mount: median of per-run ratios to the plain directory and to tierfs without a remote. On %s; %s.",
-			kafka.Version(), *partitions, segs, float64(bytes)/1e6, cacheNote, *runs, where, benchutil.Machine())},
+		Notes: []string{fmt.Sprintf("Kafka %s broker (KRaft, one node), one topic of %d partitions with %d segments (%.0f MB of .log) that the broker wrote itself (segments rolled by segment.ms) and then stopped cleanly; the same log dir copied to each configuration. One broker is pointed at each in turn, in an order that rotates, %s; a start is timed from the process's start to \"Kafka Server started\", then the broker stops cleanly; num.recovery.threads.per.data.dir=%d in every configuration. Medians of %d starts; × plain and × mount: median of per-run ratios to the plain directory and to tierfs without a remote. On %s; %s.",
+			kafka.Version(), *partitions, segs, float64(bytes)/1e6, cacheNote, *recovery, *runs, where, benchutil.Machine())},
 		Header:   []string{"configuration", "start-up, s", "× plain", "× mount", "loading the logs, s", "× plain", "the rest, s", "moves", "bytes hydrated", "bytes fetched", "local bytes grew by"},
 		Versions: map[string]string{"Kafka": kafka.Version()},
 	}
