@@ -164,11 +164,7 @@ func TestHydrateEmptyIndex(t *testing.T) {
 		t.Fatal(err)
 	}
 	s := store.NewMem(nil)
-	tr, err := New(Config{Root: root, StateDir: filepath.Join(root, ".tierfs"), Store: s, Policy: Policy{ShipAfter: 1000 * time.Hour}, ChunkSize: 64 << 10})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer tr.Close()
+	tr := byHandTierer(t, root, s)
 	ctx := context.Background()
 	if st, err := tr.EvictNow(ctx, rel, nil); err != nil || st != StateRemote {
 		t.Fatalf("evict: %s %v", st, err)
@@ -204,11 +200,7 @@ func TestHydrateRestoresAnOlderLayout(t *testing.T) {
 	p := filepath.Join(root, rel)
 	ixPath, tixPath := strings.TrimSuffix(p, ".log")+".index", strings.TrimSuffix(p, ".log")+".timeindex"
 	s := store.NewMem(nil)
-	tr, err := New(Config{Root: root, StateDir: filepath.Join(root, ".tierfs"), Store: s, Policy: Policy{ShipAfter: 1000 * time.Hour}, ChunkSize: 64 << 10})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer tr.Close()
+	tr := byHandTierer(t, root, s)
 	ctx := context.Background()
 	if err := os.Truncate(ixPath, 0); err != nil {
 		t.Fatal(err)
@@ -255,4 +247,15 @@ func editHeldFiles(t *testing.T, s store.Store, key string, edit func([]chunkxfe
 	if _, err := s.Put(ctx, chunkxfer.ManifestKey(key), bytes.NewReader(b), int64(len(b))); err != nil {
 		t.Fatal(err)
 	}
+}
+
+// byHandTierer is a tierer of root on s that ships only when told to.
+func byHandTierer(t *testing.T, root string, s store.Store) *Tierer {
+	t.Helper()
+	tr, err := New(Config{Root: root, StateDir: filepath.Join(root, ".tierfs"), Store: s, Policy: Policy{ShipAfter: 1000 * time.Hour}, ChunkSize: 64 << 10})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { tr.Close() })
+	return tr
 }

@@ -65,19 +65,10 @@ func TestMirror(t *testing.T) {
 			if fi, err := os.Stat(mirrored); err != nil || fi.Size() != rec.Size {
 				t.Errorf("%s: %v, size %d of %d", mirrored, err, fi.Size(), rec.Size)
 			}
-			for _, ext := range []string{".index", ".timeindex"} {
-				b, err := os.ReadFile(filepath.Join(readerRoot, p, kafkaName(base, ext)))
-				if err != nil || sha(b) != sums[filepath.Join(root, p, kafkaName(base, ext))] {
-					t.Errorf("%s: %v, or other bytes", kafkaName(base, ext), err)
-				}
-			}
+			mirroredIndexes(t, root, readerRoot, p, base, sums)
 		}
-		// Held by its manifest (a small file), read back byte for byte.
-		got, err := os.ReadFile(filepath.Join(readerRoot, p, "leader-epoch-checkpoint"))
-		want, _ := os.ReadFile(filepath.Join(root, p, "leader-epoch-checkpoint"))
-		if err != nil || len(want) == 0 || !bytes.Equal(got, want) {
-			t.Errorf("%s: leader-epoch-checkpoint %q, %v; want %q", p, got, err, want)
-		}
+		// Held by a manifest (a small file), read back byte for byte.
+		mirroredEpochs(t, root, readerRoot, p)
 	}
 	if fi, err := os.Stat(filepath.Join(readerRoot, "orders-0", kafkaName(bases["orders-0"][0], ".txnindex"))); err != nil || fi.Size() != 0 {
 		t.Errorf("the empty .txnindex was not mirrored: %v", err)
@@ -168,20 +159,34 @@ func TestMirrorAnOlderLayout(t *testing.T) {
 			if _, has, _ := readRecord(filepath.Join(root, p, kafkaName(base, ".log"))); !has {
 				continue
 			}
-			for _, ext := range []string{".index", ".timeindex"} {
-				b, err := os.ReadFile(filepath.Join(readerRoot, p, kafkaName(base, ext)))
-				if err != nil || sha(b) != sums[filepath.Join(root, p, kafkaName(base, ext))] {
-					t.Errorf("%s: %v, or other bytes", kafkaName(base, ext), err)
-				}
-			}
+			mirroredIndexes(t, root, readerRoot, p, base, sums)
 		}
-		got, err := os.ReadFile(filepath.Join(readerRoot, p, "leader-epoch-checkpoint"))
-		want, _ := os.ReadFile(filepath.Join(root, p, "leader-epoch-checkpoint"))
-		if err != nil || len(want) == 0 || !bytes.Equal(got, want) {
-			t.Errorf("%s: leader-epoch-checkpoint %q, %v; want %q", p, got, err, want)
-		}
+		mirroredEpochs(t, root, readerRoot, p)
 	}
 	if again := reader.mirror.Mirror(ctx); again.Added+again.Removed != 0 || len(again.Errors) > 0 {
 		t.Fatalf("a second pass changed things: %+v", again)
+	}
+}
+
+// mirroredIndexes checks that the reader's root holds the index files
+// of partition p's segment base as the leader's root does.
+func mirroredIndexes(t *testing.T, root, readerRoot, p string, base int64, sums map[string][32]byte) {
+	t.Helper()
+	for _, ext := range []string{".index", ".timeindex"} {
+		b, err := os.ReadFile(filepath.Join(readerRoot, p, kafkaName(base, ext)))
+		if err != nil || sha(b) != sums[filepath.Join(root, p, kafkaName(base, ext))] {
+			t.Errorf("%s: %v, or other bytes", kafkaName(base, ext), err)
+		}
+	}
+}
+
+// mirroredEpochs checks that the reader's root holds partition p's
+// leader-epoch-checkpoint as the leader's root does.
+func mirroredEpochs(t *testing.T, root, readerRoot, p string) {
+	t.Helper()
+	got, err := os.ReadFile(filepath.Join(readerRoot, p, "leader-epoch-checkpoint"))
+	want, _ := os.ReadFile(filepath.Join(root, p, "leader-epoch-checkpoint"))
+	if err != nil || len(want) == 0 || !bytes.Equal(got, want) {
+		t.Errorf("%s: leader-epoch-checkpoint %q, %v; want %q", p, got, err, want)
 	}
 }
