@@ -44,6 +44,11 @@ type partScan struct {
 	settled atomic.Bool  // cleared by touch, at any time
 	touched atomic.Bool  // a touch since the scan: the pass cannot settle it
 	due     atomic.Int64 // scan again by then (unix ns; 0: no deadline)
+	// rolled is the summary of the scan's rolled segments (all but the
+	// active one), kept once their records had settled (summarizeScan):
+	// while the scan is reused, none of them changed (any change
+	// touches it, and a touched scan is not reused).
+	rolled atomic.Pointer[PartitionSummary]
 }
 
 // dirStamp identifies a directory's contents: any entry created,
@@ -176,6 +181,23 @@ func (ps *partScans) dropLocked(s *partScan) {
 // changed between two scrapes, not a scan of every partition the passes
 // have not settled (all of them while a backlog ships).
 func (ps *partScans) view(root string, now time.Time) (parts []Partition, rescanned int, err error) {
+	vs, rescanned, err := ps.viewScans(root)
+	parts = make([]Partition, len(vs))
+	for i, v := range vs {
+		parts[i] = v.p
+	}
+	return parts, rescanned, err
+}
+
+// viewed is a partition as a view found it, and the scan it is of (nil
+// when that scan was not kept: a pass replaced it meanwhile).
+type viewed struct {
+	p Partition
+	s *partScan
+}
+
+// viewScans is view, with the scans the partitions are of.
+func (ps *partScans) viewScans(root string) (vs []viewed, rescanned int, err error) {
 	dirs, err := livePartitionDirs(root)
 	if err != nil {
 		return nil, 0, err
@@ -190,24 +212,26 @@ func (ps *partScans) view(root string, now time.Time) (parts []Partition, rescan
 		old := ps.byName[name]
 		ps.mu.RUnlock()
 		if old.unchanged(stamp) { // (every reusable scan is)
-			parts = append(parts, old.current())
+			vs = append(vs, viewed{old.current(), old})
 			continue
 		}
 		p, err := scanPartition(root, name, pd)
 		if err != nil {
 			continue
 		}
+		var kept *partScan
 		ps.mu.Lock()
 		if ps.byName[name] == old {
 			// Not replaced by a pass meanwhile (whose scan it would
 			// be older than).
-			ps.installLocked(newScan(stamp, p))
+			kept = newScan(stamp, p)
+			ps.installLocked(kept)
 		}
 		ps.mu.Unlock()
-		parts = append(parts, p)
+		vs = append(vs, viewed{p, kept})
 		rescanned++
 	}
-	return parts, rescanned, nil
+	return vs, rescanned, nil
 }
 
 // unchanged says whether nothing changed in a partition since s scanned

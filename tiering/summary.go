@@ -36,34 +36,71 @@ func Summarize(root string, state func(seg Segment) tiered.State) ([]PartitionSu
 func summarize(parts []Partition, state func(seg Segment) tiered.State) []PartitionSummary {
 	out := make([]PartitionSummary, 0, len(parts))
 	for _, p := range parts {
-		s := PartitionSummary{Name: p.Name, Segments: len(p.Segments)}
+		s := PartitionSummary{Name: p.Name}
 		for _, seg := range p.Segments {
-			s.OnDisk += seg.Alloc
-			switch state(seg) {
-			case StateRemote:
-				s.Remote++
-				s.InStore += seg.Size
-				continue
-			case StateShipped:
-				s.Shipped++
-				s.InStore += seg.Size
-			default:
-				s.Local++
-				if seg.Next >= 0 {
-					s.LagSegments++
-					s.LagBytes += seg.Size
-					if s.OldestUnshipped.IsZero() {
-						s.OldestUnshipped = seg.Mtime
-					}
-				}
-			}
-			if s.OldestLocal.IsZero() {
-				s.OldestLocal = seg.Mtime
-			}
+			s.add(seg, state(seg))
 		}
 		out = append(out, s)
 	}
 	return out
+}
+
+// add counts segment seg, in state st, after those counted before it
+// (in offset order).
+func (s *PartitionSummary) add(seg Segment, st tiered.State) {
+	s.Segments++
+	s.OnDisk += seg.Alloc
+	switch st {
+	case StateRemote:
+		s.Remote++
+		s.InStore += seg.Size
+		return
+	case StateShipped:
+		s.Shipped++
+		s.InStore += seg.Size
+	default:
+		s.Local++
+		if seg.Next >= 0 {
+			s.LagSegments++
+			s.LagBytes += seg.Size
+			if s.OldestUnshipped.IsZero() {
+				s.OldestUnshipped = seg.Mtime
+			}
+		}
+	}
+	if s.OldestLocal.IsZero() {
+		s.OldestLocal = seg.Mtime
+	}
+}
+
+// summarizeScan summarizes partition p as a view found it in scan sc
+// (nil: not kept). The summary of its rolled segments is kept in the
+// scan once their records have settled (recordSettle, as the records
+// cache keeps them), and reused while the scan is: a scrape of a
+// partition that did not change asks only its active segment's state.
+func summarizeScan(p Partition, sc *partScan, state func(seg Segment) tiered.State, now time.Time) PartitionSummary {
+	n := len(p.Segments)
+	if sc == nil || n == 0 || p.Segments[n-1].Next >= 0 {
+		return summarize([]Partition{p}, state)[0]
+	}
+	rolled := sc.rolled.Load()
+	if rolled == nil {
+		r := PartitionSummary{Name: p.Name}
+		settled := true
+		for _, seg := range p.Segments[:n-1] {
+			r.add(seg, state(seg))
+			if seg.Ctime == 0 || now.Sub(time.Unix(0, seg.Ctime)) < recordSettle {
+				settled = false
+			}
+		}
+		if settled {
+			sc.rolled.Store(&r)
+		}
+		rolled = &r
+	}
+	s := *rolled
+	s.add(p.Segments[n-1], state(p.Segments[n-1]))
+	return s
 }
 
 // Summary summarizes the tierer's log directory.
@@ -75,16 +112,22 @@ func (t *Tierer) Summary() ([]PartitionSummary, error) {
 	// now, and kept as scanned); the records of segments that did not
 	// change come from memory. A scrape of the metrics then costs what
 	// changed since the last one, not a stat and a record per segment.
-	parts, rescanned, err := t.scans.view(t.cfg.Root, t.cfg.Now())
+	vs, rescanned, err := t.scans.viewScans(t.cfg.Root)
 	t.counters.ViewScans.Add(int64(rescanned))
 	if err != nil {
 		return nil, err
 	}
-	return summarize(parts, func(seg Segment) tiered.State {
+	state := func(seg Segment) tiered.State {
 		rs, err := t.records.of(seg)
 		if err != nil || !rs.Has {
 			return StateLocal // counted as not shipped
 		}
 		return rs.State
-	}), nil
+	}
+	now := t.cfg.Now()
+	out := make([]PartitionSummary, 0, len(vs))
+	for _, v := range vs {
+		out = append(out, summarizeScan(v.p, v.s, state, now))
+	}
+	return out, nil
 }
