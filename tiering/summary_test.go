@@ -1,11 +1,13 @@
 package tiering
 
 import (
+	"context"
 	"fmt"
 	"path/filepath"
 	"testing"
 	"time"
 
+	"github.com/tierfs/tierfs/chunkxfer/store"
 	"github.com/tierfs/tierfs/idx/kafka/kafkatest"
 	"github.com/tierfs/tierfs/internal/tiered"
 )
@@ -73,5 +75,31 @@ func TestSummaryKeepsRolledSegments(t *testing.T) {
 	summarizeScan(p, nil, state, ctimes.Add(time.Hour))
 	if asked != 2*n {
 		t.Errorf("no scan: asked %d states, want %d", asked, 2*n)
+	}
+}
+
+// BenchmarkSummaryAtRest: a summary (a scrape's, a status's) of 200
+// partitions of 50 shipped segments that did not change since the last.
+func BenchmarkSummaryAtRest(b *testing.B) {
+	root := filepath.Join(b.TempDir(), "kafka-logs")
+	if _, err := (kafkatest.LogDir{Topic: "orders", Partitions: 200, Segments: 50, Batches: 1, Records: 1, ValueSize: 100, Age: time.Hour}).Write(root); err != nil {
+		b.Fatal(err)
+	}
+	tr, err := New(Config{Root: root, StateDir: filepath.Join(b.TempDir(), "state"), Store: store.NewMem(nil), ChunkSize: 64 << 10, RescanInterval: time.Hour,
+		Now: func() time.Time { return time.Now().Add(time.Minute) }})
+	if err != nil {
+		b.Fatal(err)
+	}
+	defer tr.Close()
+	tr.RunOnce(context.Background())
+	tr.RunOnce(context.Background())
+	if _, err := tr.Summary(); err != nil {
+		b.Fatal(err)
+	}
+	b.ResetTimer()
+	for b.Loop() {
+		if _, err := tr.Summary(); err != nil {
+			b.Fatal(err)
+		}
 	}
 }
