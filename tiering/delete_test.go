@@ -1,6 +1,7 @@
 package tiering
 
 import (
+	"bytes"
 	"context"
 	"crypto/sha256"
 	"errors"
@@ -11,6 +12,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/tierfs/tierfs/chunkxfer"
 	"github.com/tierfs/tierfs/chunkxfer/store"
 	"github.com/tierfs/tierfs/idx"
 	"github.com/tierfs/tierfs/idx/kafka"
@@ -374,6 +376,52 @@ func TestRemoteIndexesOfManyEntries(t *testing.T) {
 	}
 	if err := os.Remove(seg); err != nil {
 		t.Fatal(err)
+	}
+	if rep := mustPass(t, tr); rep.Deleted != 1 {
+		t.Fatalf("report %+v", rep)
+	}
+	if left := objects(t, s, stem); len(left) != 0 {
+		t.Fatalf("objects left: %v", left)
+	}
+}
+
+// TestLargeFilesOfASegment: a segment's files that a manifest does not
+// hold (one over 64 KiB: a producer snapshot of many producers) are
+// objects of their own, listed in its shipment and deleted with it; the
+// rest are held by its .log's manifest.
+func TestLargeFilesOfASegment(t *testing.T) {
+	root, bases, _ := logDir(t)
+	seg := filepath.Join(root, "orders-0", kafkaName(bases["orders-0"][0], ".log"))
+	snap := strings.TrimSuffix(seg, ".log") + ".snapshot"
+	big := bytes.Repeat([]byte("producer"), 9<<10) // 72 KiB
+	if err := os.WriteFile(snap, big, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	s := store.NewMem(nil)
+	tr := newTierer(t, root, s, 1)
+	mustPass(t, tr)
+	ctx := context.Background()
+	key := recordKey(t, seg)
+	stem := strings.TrimSuffix(key, ".log")
+	m, err := chunkxfer.ReadManifest(ctx, s, key)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for kind, want := range map[string]bool{".index": true, ".timeindex": true, ".leader-epoch-checkpoint": true, ".snapshot": false} {
+		if _, held := m.File(kind); held != want {
+			t.Errorf("%s held by the .log's manifest: %v, want %v", kind, held, want)
+		}
+	}
+	got, err := store.ReadAll(s.Get(ctx, stem+".snapshot", 0, -1, store.GetOptions{}))
+	if err != nil || !bytes.Equal(got, big) {
+		t.Fatalf("the snapshot's object: %d bytes, %v", len(got), err)
+	}
+	sh, err := tr.shipments.get("orders-0", key)
+	if err != nil || !slices.Contains(sh.Objects, stem+".snapshot") || slices.Contains(sh.Objects, stem+".index") {
+		t.Fatalf("shipment lists %v, %v", sh.Objects, err)
+	}
+	for _, f := range []string{seg, snap, strings.TrimSuffix(seg, ".log") + ".index", strings.TrimSuffix(seg, ".log") + ".timeindex"} {
+		os.Remove(f)
 	}
 	if rep := mustPass(t, tr); rep.Deleted != 1 {
 		t.Fatalf("report %+v", rep)

@@ -626,20 +626,18 @@ func (sp *shipper) upload(ctx context.Context, c *shipCommit, progress chunkxfer
 				// Appeared after the shipment was catalogued: kept local only.
 				continue
 			}
-			if st.Size <= attachBatchesUpTo {
-				// A small segment's small files (its indexes, snapshot,
-				// the leader-epoch checkpoint) go in its .log's manifest:
-				// no request, and no key, of their own.
-				b, ok, err := readSmallFile(sk.path, maxHeldFile)
-				if err != nil {
-					return fmt.Errorf("ship %s: %w", filepath.Base(sk.path), err)
-				}
-				if ok && held+len(b) <= maxHeldFiles {
-					held += len(b)
-					opts.Files = append(opts.Files, chunkxfer.NewFile(sk.kind, b))
-					c.unstore(sk.key, chunkxfer.ManifestKey(sk.key))
-					continue
-				}
+			// Its small files (the indexes of a segment of up to about
+			// 13 MiB, the snapshot, the leader-epoch checkpoint) go in
+			// its .log's manifest: no request, and no key, of their own.
+			b, ok, err := readSmallFile(sk.path, maxHeldFile)
+			if err != nil {
+				return fmt.Errorf("ship %s: %w", filepath.Base(sk.path), err)
+			}
+			if ok && held+len(b) <= maxHeldFiles {
+				held += len(b)
+				opts.Files = append(opts.Files, chunkxfer.NewFile(sk.kind, b))
+				c.unstore(sk.key, chunkxfer.ManifestKey(sk.key))
+				continue
 			}
 			// A small one (most are: index files of small segments,
 			// the leader-epoch checkpoint, snapshots) is stored in its
@@ -1029,11 +1027,13 @@ func (sp *shipper) sidecarKeys(seg Segment, st *syscall.Stat_t) []sidecarKey {
 // manifest holds.
 const kindEpochs = ".leader-epoch-checkpoint"
 
-// A small segment's (attachBatchesUpTo) index files, snapshot and
-// leader-epoch checkpoint are held by its .log's manifest
-// (chunkxfer.Manifest.Files, named by their kind: ".index", ...) when
-// each is of at most maxHeldFile bytes and all of maxHeldFiles: the
-// manifest, read by every broker that maps onto the object, stays small.
+// A segment's index files, snapshot and leader-epoch checkpoint are held
+// by its .log's manifest (chunkxfer.Manifest.Files, named by their kind:
+// ".index", ...) while each is of at most maxHeldFile bytes and all of
+// maxHeldFiles (at Kafka's default index interval, the indexes of a
+// segment of up to about 13 MiB): the manifest, read by every broker
+// that maps onto the object, stays small. Larger ones are stored in
+// manifests or objects of their own.
 const (
 	maxHeldFile  = chunkxfer.DefaultInlineMax
 	maxHeldFiles = 64 << 10
