@@ -1022,6 +1022,19 @@ func (sp *shipper) sidecarKeys(seg Segment, st *syscall.Stat_t) []sidecarKey {
 	return out
 }
 
+// HeldFileOf says, of a key that would name a file shipped beside a
+// segment (its index files, snapshot or copy of the leader-epoch
+// checkpoint), which .log object's manifest would hold that file
+// (Manifest.Files), and its name there.
+func HeldFileOf(key string) (logKey, name string, ok bool) {
+	for _, kind := range append(slices.Clone(segmentFileKinds), kindEpochs) {
+		if stem, cut := strings.CutSuffix(key, kind); cut && stem != "" && !strings.HasSuffix(stem, "/") {
+			return stem + kafka.KindLog, kind, true
+		}
+	}
+	return "", "", false
+}
+
 // kindEpochs ends the key of a segment's copy of its partition's
 // leader-epoch-checkpoint, and names it among the files its .log's
 // manifest holds.

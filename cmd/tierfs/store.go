@@ -1,6 +1,7 @@
 package main
 
 import (
+	"bytes"
 	"context"
 	"errors"
 	"fmt"
@@ -12,6 +13,7 @@ import (
 
 	"github.com/tierfs/tierfs/chunkxfer"
 	"github.com/tierfs/tierfs/chunkxfer/store"
+	"github.com/tierfs/tierfs/tiering"
 	"github.com/urfave/cli/v2"
 )
 
@@ -154,16 +156,30 @@ func cmdStore() *cli.Command {
 						return err
 					}
 					defer cache.Close()
-					r, err := chunkxfer.NewReader(c.Context, s, c.Args().First(), cache, chunkxfer.ReaderOptions{ReadAhead: 4})
-					if err != nil {
+					key := c.Args().First()
+					var src io.ReaderAt
+					var size int64
+					r, err := chunkxfer.NewReader(c.Context, s, key, cache, chunkxfer.ReaderOptions{ReadAhead: 4})
+					switch {
+					case errors.Is(err, store.ErrNotFound):
+						// A small segment's index file, say: held by its
+						// .log's manifest, under no key of its own.
+						b, held := heldFile(c.Context, s, key)
+						if !held {
+							return err
+						}
+						src, size = bytes.NewReader(b), int64(len(b))
+					case err != nil:
 						return err
+					default:
+						defer r.Close()
+						src, size = r, r.Size()
 					}
-					defer r.Close()
 					n := c.Int64("length")
 					if n < 0 {
-						n = r.Size()
+						n = size
 					}
-					_, err = io.Copy(c.App.Writer, io.NewSectionReader(r, c.Int64("offset"), n))
+					_, err = io.Copy(c.App.Writer, io.NewSectionReader(src, c.Int64("offset"), n))
 					return err
 				},
 			},
@@ -219,4 +235,18 @@ func cmdStore() *cli.Command {
 
 func rate(n int64, d time.Duration) string {
 	return fmt.Sprintf("%.1f MB/s", float64(n)/1e6/max(d.Seconds(), 1e-9))
+}
+
+// heldFile is the file key would name, if the manifest of the .log it
+// belongs to holds it (tiering.HeldFileOf), checked by its CRC32C.
+func heldFile(ctx context.Context, s store.Store, key string) ([]byte, bool) {
+	logKey, name, ok := tiering.HeldFileOf(key)
+	if !ok {
+		return nil, false
+	}
+	m, err := chunkxfer.ReadManifest(ctx, s, logKey)
+	if err != nil {
+		return nil, false
+	}
+	return m.File(name)
 }
