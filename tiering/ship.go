@@ -639,9 +639,9 @@ func (sp *shipper) upload(ctx context.Context, c *shipCommit, progress chunkxfer
 				c.unstore(sk.key, chunkxfer.ManifestKey(sk.key))
 				continue
 			}
-			// A small one (most are: index files of small segments,
-			// the leader-epoch checkpoint, snapshots) is stored in its
-			// manifest alone.
+			// One over those limits is stored in its own manifest
+			// alone when small (one of 64 KiB when the others took the
+			// room), else as an object.
 			puts = append(puts, func() error {
 				m, err := sp.t.up.UploadSmall(ctx, sk.path, sk.key, c.fresh)
 				if err != nil {
