@@ -621,7 +621,9 @@ func (sp *shipper) upload(ctx context.Context, c *shipCommit, progress chunkxfer
 	}
 	if from == 0 {
 		held := 0
-		for _, sk := range sp.sidecarKeys(seg, st)[1:] {
+		// The files the shipment lists are those that were there when it
+		// was catalogued (sidecarKeys): not looked for again.
+		for _, sk := range sp.segmentFiles(seg, st) {
 			if !slices.Contains(sh.Objects, sk.key) {
 				// Appeared after the shipment was catalogued: kept local only.
 				continue
@@ -629,11 +631,14 @@ func (sp *shipper) upload(ctx context.Context, c *shipCommit, progress chunkxfer
 			// Its small files (the indexes of a segment of up to about
 			// 13 MiB, the snapshot, the leader-epoch checkpoint) go in
 			// its .log's manifest: no request, and no key, of their own.
-			b, ok, err := readSmallFile(sk.path, maxHeldFile)
+			b, ok, err := readSmallFile(sk.path, maxHeldFiles-held)
+			if os.IsNotExist(err) {
+				continue // gone since it was catalogued: nothing to ship
+			}
 			if err != nil {
 				return fmt.Errorf("ship %s: %w", filepath.Base(sk.path), err)
 			}
-			if ok && held+len(b) <= maxHeldFiles {
+			if ok {
 				held += len(b)
 				opts.Files = append(opts.Files, chunkxfer.NewFile(sk.kind, b))
 				c.unstore(sk.key, chunkxfer.ManifestKey(sk.key))
@@ -1011,15 +1016,23 @@ func (sp *shipper) shipmentOf(seg Segment, st *syscall.Stat_t, key string, from 
 // leader-epoch-checkpoint, those that exist.
 func (sp *shipper) sidecarKeys(seg Segment, st *syscall.Stat_t) []sidecarKey {
 	out := []sidecarKey{{seg.LogPath(), sp.objectKey(seg, st, kafka.KindLog), kafka.KindLog}}
-	for _, kind := range segmentFileKinds {
-		if p := sidecar(seg, kind); fileExists(p) {
-			out = append(out, sidecarKey{p, sp.objectKey(seg, st, kind), kind})
+	for _, sk := range sp.segmentFiles(seg, st) {
+		if fileExists(sk.path) {
+			out = append(out, sk)
 		}
 	}
-	if p := filepath.Join(seg.Dir, "leader-epoch-checkpoint"); fileExists(p) {
-		out = append(out, sidecarKey{p, sp.objectKey(seg, st, kindEpochs), kindEpochs})
-	}
 	return out
+}
+
+// segmentFiles are the files that may be shipped beside a segment, and
+// their keys, whether they exist or not: its indexes, snapshot and the
+// partition's leader-epoch-checkpoint.
+func (sp *shipper) segmentFiles(seg Segment, st *syscall.Stat_t) []sidecarKey {
+	out := make([]sidecarKey, 0, len(segmentFileKinds)+1)
+	for _, kind := range segmentFileKinds {
+		out = append(out, sidecarKey{sidecar(seg, kind), sp.objectKey(seg, st, kind), kind})
+	}
+	return append(out, sidecarKey{filepath.Join(seg.Dir, "leader-epoch-checkpoint"), sp.objectKey(seg, st, kindEpochs), kindEpochs})
 }
 
 // HeldFileOf says, of a key that would name a file shipped beside a
@@ -1042,15 +1055,12 @@ const kindEpochs = ".leader-epoch-checkpoint"
 
 // A segment's index files, snapshot and leader-epoch checkpoint are held
 // by its .log's manifest (chunkxfer.Manifest.Files, named by their kind:
-// ".index", ...) while each is of at most maxHeldFile bytes and all of
-// maxHeldFiles (at Kafka's default index interval, the indexes of a
-// segment of up to about 13 MiB): the manifest, read by every broker
-// that maps onto the object, stays small. Larger ones are stored in
-// manifests or objects of their own.
-const (
-	maxHeldFile  = chunkxfer.DefaultInlineMax
-	maxHeldFiles = 64 << 10
-)
+// ".index", ...) while all of them together are of at most maxHeldFiles
+// bytes (at Kafka's default index interval, the indexes of a segment of
+// up to about 13 MiB): the manifest, read by every broker that maps onto
+// the object, stays small. Those that do not fit are stored in manifests
+// or objects of their own.
+const maxHeldFiles = 64 << 10
 
 // readSmallFile reads the file at p if it has at most max bytes (ok).
 func readSmallFile(p string, max int) (b []byte, ok bool, err error) {
