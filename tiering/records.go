@@ -74,6 +74,12 @@ func stateOf(seg Segment, rec Record, has bool) recordState {
 // it is kept.
 const recordSettle = time.Second
 
+// ctimeSettled says whether what was read of a file under ctime (ns; 0:
+// unknown) may be kept: the ctime is at least recordSettle old at now.
+func ctimeSettled(ctime int64, now time.Time) bool {
+	return ctime != 0 && now.Sub(time.Unix(0, ctime)) >= recordSettle
+}
+
 func newRecords(now func() time.Time) *records {
 	return &records{now: now, byIno: map[uint64]cachedRecord{}}
 }
@@ -94,7 +100,7 @@ func (rc *records) of(seg Segment) (recordState, error) {
 		return recordState{}, err
 	}
 	rs := stateOf(seg, rec, has)
-	if seg.Ctime == 0 || rc.now().Sub(time.Unix(0, seg.Ctime)) < recordSettle {
+	if !ctimeSettled(seg.Ctime, rc.now()) {
 		return rs, nil
 	}
 	rc.mu.Lock()

@@ -89,9 +89,7 @@ func summarizeScan(p Partition, sc *partScan, state func(seg Segment) tiered.Sta
 		settled := true
 		for _, seg := range p.Segments[:n-1] {
 			r.add(seg, state(seg))
-			if seg.Ctime == 0 || now.Sub(time.Unix(0, seg.Ctime)) < recordSettle {
-				settled = false
-			}
+			settled = settled && ctimeSettled(seg.Ctime, now)
 		}
 		if settled {
 			sc.rolled.Store(&r)
