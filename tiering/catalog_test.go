@@ -542,9 +542,9 @@ func TestViewScanIsNeverSettled(t *testing.T) {
 	// The broker rolls while the pass works on what it scanned; a view
 	// (a scrape) sees the roll first.
 	os.WriteFile(filepath.Join(root, "orders-0", "00000000000000009999.log"), nil, 0o644)
-	parts, n, err := ps.view(root, now)
-	if err != nil || n != 1 || len(parts) != 1 || len(parts[0].Segments) != 3 {
-		t.Fatalf("view: %d scanned, %+v, %v", n, parts, err)
+	vs, n, err := ps.viewScans(root)
+	if err != nil || n != 1 || len(vs) != 1 || len(vs[0].p.Segments) != 3 {
+		t.Fatalf("view: %d scanned, %+v, %v", n, vs, err)
 	}
 	ps.settle("orders-0", true, time.Time{}) // the pass found nothing to do in what it had scanned
 	_, scanned, err := ps.scan(root, false, now)

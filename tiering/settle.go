@@ -171,24 +171,6 @@ func (ps *partScans) dropLocked(s *partScan) {
 	}
 }
 
-// view is the live partitions under root, by name, for status and the
-// metrics: each as last scanned while that scan still holds (settled and
-// unchanged, or not settled but neither its directory nor its files
-// changed since: what a pass still has to do there is not what is on
-// disk), the others scanned now. A partition it scans again keeps that
-// scan as its last, unsettled: its next pass looks at it as before, and a
-// view after it scans only what changed since. So a scraper costs what
-// changed between two scrapes, not a scan of every partition the passes
-// have not settled (all of them while a backlog ships).
-func (ps *partScans) view(root string, now time.Time) (parts []Partition, rescanned int, err error) {
-	vs, rescanned, err := ps.viewScans(root)
-	parts = make([]Partition, len(vs))
-	for i, v := range vs {
-		parts[i] = v.p
-	}
-	return parts, rescanned, err
-}
-
 // viewed is a partition as a view found it, and the scan it is of (nil
 // when that scan was not kept: a pass replaced it meanwhile).
 type viewed struct {
@@ -196,7 +178,15 @@ type viewed struct {
 	s *partScan
 }
 
-// viewScans is view, with the scans the partitions are of.
+// viewScans is the live partitions under root, by name, each with the
+// scan it is of, for status and the metrics: each as last scanned while
+// that scan still holds (settled and unchanged, or not settled but
+// neither its directory nor its files changed since: what a pass still
+// has to do there is not what is on disk), the others scanned now. A partition it scans again keeps that
+// scan as its last, unsettled: its next pass looks at it as before, and a
+// view after it scans only what changed since. So a scraper costs what
+// changed between two scrapes, not a scan of every partition the passes
+// have not settled (all of them while a backlog ships).
 func (ps *partScans) viewScans(root string) (vs []viewed, rescanned int, err error) {
 	dirs, err := livePartitionDirs(root)
 	if err != nil {
