@@ -7,16 +7,21 @@
 package metrics
 
 import (
+	"bufio"
+	"compress/gzip"
 	"context"
 	"errors"
+	"io"
 	"log/slog"
 	"net"
 	"net/http"
+	"strings"
+	"sync"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/collectors"
-	"github.com/prometheus/client_golang/prometheus/promhttp"
+	"github.com/prometheus/common/expfmt"
 
 	"github.com/tierfs/tierfs/chunkxfer"
 	"github.com/tierfs/tierfs/chunkxfer/store"
@@ -32,14 +37,35 @@ type Tiering interface {
 	LastErrors() map[string]tiering.PartitionError
 }
 
-// Registry builds the registry of one mount: the tierer's and the chunk
-// memory's metrics (either may be nil: a mount without a remote), and the
-// Go runtime's and the process's.
-func Registry(t Tiering, pool *chunkxfer.Pool, log *slog.Logger) *prometheus.Registry {
+// Page is one mount's metrics page: a registry of its metrics (the
+// tierer's counters, the chunk memory's, the Go runtime's and the
+// process's, and what callers register) and the series of each partition,
+// which partitionsPage writes itself.
+type Page struct {
+	Registry *prometheus.Registry
+
+	parts *partitionsPage // nil without a tierer
+	log   *slog.Logger
+	gzips sync.Pool // *gzip.Writer, each of a scrape at a time
+	bufs  sync.Pool // *bufio.Writer, each of a scrape at a time
+}
+
+// New makes the page of one mount: the tierer's and the chunk memory's
+// metrics (either may be nil: a mount without a remote), and the Go
+// runtime's and the process's.
+func New(t Tiering, pool *chunkxfer.Pool, log *slog.Logger) *Page {
+	p := &Page{Registry: registry(t, pool), log: log}
+	if t != nil {
+		p.parts = &partitionsPage{t: t, log: log}
+	}
+	return p
+}
+
+func registry(t Tiering, pool *chunkxfer.Pool) *prometheus.Registry {
 	reg := prometheus.NewRegistry()
 	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 	if t != nil {
-		reg.MustRegister(&partitions{t: t, log: log})
+		reg.MustRegister(reserved{})
 		c := t.Counters()
 		counter(reg, "tierfs_remote_copy_segments_total", "Segments shipped to the store and verified.", c.ShippedSegments.Load)
 		counter(reg, "tierfs_remote_copy_bytes_total", "Bytes of segments shipped to the store and verified.", c.ShippedBytes.Load)
@@ -131,68 +157,88 @@ func labelled(reg *prometheus.Registry, name, help string, labels prometheus.Lab
 	reg.MustRegister(prometheus.NewCounterFunc(prometheus.CounterOpts{Name: name, Help: help, ConstLabels: labels}, func() float64 { return float64(load()) }))
 }
 
-var (
-	descSegments = prometheus.NewDesc("tierfs_segments", "Segments of a partition by tiering state (local, shipped: in the store and local, remote: in the store only).",
-		[]string{"partition", "state"}, nil)
-	descLagBytes = prometheus.NewDesc("tierfs_remote_copy_lag_bytes", "Bytes of rolled segments not shipped yet.",
-		[]string{"partition"}, nil)
-	descLagSegments = prometheus.NewDesc("tierfs_remote_copy_lag_segments", "Rolled segments not shipped yet.",
-		[]string{"partition"}, nil)
-	descRemoteSize = prometheus.NewDesc("tierfs_remote_log_size_bytes", "Bytes of the partition's segments that have a copy in the store.",
-		[]string{"partition"}, nil)
-	descLocalSize = prometheus.NewDesc("tierfs_local_log_size_bytes", "Bytes of the partition's segment files allocated on the local disk.",
-		[]string{"partition"}, nil)
-	descLastError = prometheus.NewDesc("tierfs_partition_last_error_timestamp_seconds", "When tiering last failed for the partition (its message: tierfs status).",
-		[]string{"partition"}, nil)
-	descScrapeError = prometheus.NewDesc("tierfs_partitions_scrape_error", "1 if the log directory could not be summarized for this scrape.", nil, nil)
-)
+// textFormat is the format of every page: Prometheus's text format,
+// version 0.0.4, which every scraper reads whatever it asks for first
+// (a scraper takes the format from the answer's Content-Type).
+const textFormat = "text/plain; version=0.0.4; charset=utf-8"
 
-// partitions reports each partition's segments at scrape time.
-type partitions struct {
-	t   Tiering
-	log *slog.Logger
-}
-
-func (p *partitions) Describe(ch chan<- *prometheus.Desc) {
-	for _, d := range []*prometheus.Desc{descSegments, descLagBytes, descLagSegments, descRemoteSize, descLocalSize, descLastError, descScrapeError} {
-		ch <- d
-	}
-}
-
-func (p *partitions) Collect(ch chan<- prometheus.Metric) {
-	sums, err := p.t.Summary()
-	failed := 0.0
+// ServeHTTP writes the page: the registry's families, then the
+// partitions'. It is compressed with gzip when the scraper accepts it.
+// A registry that fails to gather answers 500, as promhttp's default
+// does; a log directory that cannot be summarized is
+// tierfs_partitions_scrape_error 1.
+func (p *Page) ServeHTTP(w http.ResponseWriter, r *http.Request) {
+	mfs, err := p.Registry.Gather()
 	if err != nil {
-		p.log.Warn("metrics: cannot summarize the log directory", "err", err)
-		failed = 1
+		p.log.Warn("metrics: cannot gather", "err", err)
+		http.Error(w, "An error has occurred while gathering metrics:\n\n"+err.Error(), http.StatusInternalServerError)
+		return
 	}
-	ch <- prometheus.MustNewConstMetric(descScrapeError, prometheus.GaugeValue, failed)
-	gauge := func(d *prometheus.Desc, v float64, labels ...string) {
-		ch <- prometheus.MustNewConstMetric(d, prometheus.GaugeValue, v, labels...)
+	h := w.Header()
+	h.Set("Content-Type", textFormat)
+	h.Add("Vary", "Accept-Encoding")
+	var out io.Writer = w
+	if acceptsGzip(r.Header.Get("Accept-Encoding")) {
+		h.Set("Content-Encoding", "gzip")
+		gz, _ := p.gzips.Get().(*gzip.Writer)
+		if gz == nil {
+			gz = gzip.NewWriter(w)
+		} else {
+			gz.Reset(w)
+		}
+		defer func() {
+			gz.Close()
+			p.gzips.Put(gz)
+		}()
+		out = gz
 	}
-	for _, s := range sums {
-		gauge(descSegments, float64(s.Local), s.Name, tiering.StateLocal.String())
-		gauge(descSegments, float64(s.Shipped), s.Name, tiering.StateShipped.String())
-		gauge(descSegments, float64(s.Remote), s.Name, tiering.StateRemote.String())
-		gauge(descLagBytes, float64(s.LagBytes), s.Name)
-		gauge(descLagSegments, float64(s.LagSegments), s.Name)
-		gauge(descRemoteSize, float64(s.InStore), s.Name)
-		gauge(descLocalSize, float64(s.OnDisk), s.Name)
+	bw, _ := p.bufs.Get().(*bufio.Writer)
+	if bw == nil {
+		bw = bufio.NewWriterSize(out, 32<<10)
+	} else {
+		bw.Reset(out)
 	}
-	for part, e := range p.t.LastErrors() {
-		gauge(descLastError, float64(e.Time.UnixNano())/1e9, part)
+	defer p.bufs.Put(bw)
+	enc := expfmt.NewEncoder(bw, expfmt.NewFormat(expfmt.TypeTextPlain))
+	for _, mf := range mfs {
+		if err := enc.Encode(mf); err != nil {
+			p.log.Warn("metrics: cannot write the page", "err", err)
+			return
+		}
+	}
+	if p.parts != nil {
+		err = p.parts.write(bw)
+	} else {
+		err = bw.Flush()
+	}
+	if err != nil {
+		p.log.Debug("metrics: cannot write the page", "err", err)
 	}
 }
 
-// Serve answers GET /metrics on addr until ctx ends. It returns once it
-// listens, so an address in use is an error at mount time.
-func Serve(ctx context.Context, addr string, reg *prometheus.Registry, log *slog.Logger) error {
+// acceptsGzip tells whether an Accept-Encoding header accepts gzip (not
+// with q=0).
+func acceptsGzip(header string) bool {
+	for part := range strings.SplitSeq(header, ",") {
+		coding, params, _ := strings.Cut(part, ";")
+		if strings.TrimSpace(coding) != "gzip" {
+			continue
+		}
+		q, ok := strings.CutPrefix(strings.ReplaceAll(params, " ", ""), "q=")
+		return !ok || strings.Trim(q, "0.") != ""
+	}
+	return false
+}
+
+// Serve answers GET /metrics on addr with page until ctx ends. It returns
+// once it listens, so an address in use is an error at mount time.
+func Serve(ctx context.Context, addr string, page http.Handler, log *slog.Logger) error {
 	l, err := net.Listen("tcp", addr)
 	if err != nil {
 		return err
 	}
 	mux := http.NewServeMux()
-	mux.Handle("/metrics", promhttp.HandlerFor(reg, promhttp.HandlerOpts{ErrorLog: slog.NewLogLogger(log.Handler(), slog.LevelWarn)}))
+	mux.Handle("/metrics", page)
 	srv := &http.Server{Handler: mux, ReadHeaderTimeout: 10 * time.Second}
 	go func() {
 		<-ctx.Done()

@@ -66,12 +66,12 @@ func TestMetricsOfATierer(t *testing.T) {
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
 	log := slog.New(slog.DiscardHandler)
-	reg := Registry(tr, cache, log)
-	RegisterStore(reg, &requests)
-	if err := Serve(ctx, addr, reg, log); err != nil {
+	page := New(tr, cache, log)
+	RegisterStore(page.Registry, &requests)
+	if err := Serve(ctx, addr, page, log); err != nil {
 		t.Fatal(err)
 	}
-	if err := Serve(ctx, addr, Registry(tr, cache, log), log); err == nil {
+	if err := Serve(ctx, addr, New(tr, cache, log), log); err == nil {
 		t.Fatal("a second server on a taken address")
 	}
 	resp, err := http.Get("http://" + addr + "/metrics")
@@ -128,7 +128,7 @@ func TestMetricsOfATierer(t *testing.T) {
 // TestMetricsWithoutRemote: a mount without a remote has runtime metrics
 // only.
 func TestMetricsWithoutRemote(t *testing.T) {
-	reg := Registry(nil, nil, slog.New(slog.DiscardHandler))
+	reg := New(nil, nil, slog.New(slog.DiscardHandler)).Registry
 	mfs, err := reg.Gather()
 	if err != nil {
 		t.Fatal(err)
@@ -157,7 +157,7 @@ func value(text, name string) float64 {
 func name(base int64) string { return fmt.Sprintf("%020d.log", base) }
 
 func TestFUSEOps(t *testing.T) {
-	reg := Registry(nil, nil, slog.New(slog.DiscardHandler))
+	reg := New(nil, nil, slog.New(slog.DiscardHandler)).Registry
 	o := NewFUSEOps(reg)
 	o.ObserveOp("lookup", 20*time.Microsecond, fuse.OK)
 	o.ObserveOp("lookup", 30*time.Microsecond, fuse.ENOENT)
@@ -216,7 +216,7 @@ func TestMetricsOfChangeManagement(t *testing.T) {
 		t.Fatal(err)
 	}
 	leave()
-	reg := Registry(nil, nil, slog.New(slog.DiscardHandler))
+	reg := New(nil, nil, slog.New(slog.DiscardHandler)).Registry
 	RegisterCM(reg, m)
 	m.Events("", 0, time.Time{}, 0) // waits for the filer
 	mfs, err := reg.Gather()

@@ -251,17 +251,17 @@ func runMount(c *cli.Context) error {
 		if tierer != nil {
 			mt = tierer
 		}
-		reg := metrics.Registry(mt, cache, log)
+		page := metrics.New(mt, cache, log)
 		if changes != nil {
-			metrics.RegisterCM(reg, changes)
+			metrics.RegisterCM(page.Registry, changes)
 		}
 		if requests != nil {
-			metrics.RegisterStore(reg, requests)
+			metrics.RegisterStore(page.Registry, requests)
 		}
-		ops = metrics.NewFUSEOps(reg)
+		ops = metrics.NewFUSEOps(page.Registry)
 		ctx, cancel := context.WithCancel(context.Background())
 		defer cancel()
-		if err := metrics.Serve(ctx, addr, reg, log); err != nil {
+		if err := metrics.Serve(ctx, addr, page, log); err != nil {
 			return fmt.Errorf("--metrics-listen: %w", err)
 		}
 	}
