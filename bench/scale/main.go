@@ -38,6 +38,7 @@ type config struct {
 	work                 string
 	cpuProfile           string
 	followerCPUProfile   string
+	killedCPUProfile     string
 	store                string
 	follower             bool
 	fs                   string
@@ -53,6 +54,7 @@ func main() {
 	flag.StringVar(&c.store, "store", "dir", "the store: dir (a directory on the same disk) or s3 (versitygw on 127.0.0.1, started here)")
 	flag.StringVar(&c.cpuProfile, "cpuprofile", "", "write a CPU profile of the first mount (the one that ships) to this file")
 	flag.StringVar(&c.followerCPUProfile, "follower-cpuprofile", "", "write a CPU profile of the follower (mapping and idle) to this file")
+	flag.StringVar(&c.killedCPUProfile, "killed-cpuprofile", "", "write a CPU profile of the mount after kill -9 (its first 30 s) to this file")
 	flag.BoolVar(&c.follower, "follower", true, "then measure a follower over a copy of the log dir")
 	flag.StringVar(&c.fs, "fs", "ext4", "run on a fresh file system of this type (mkfs.TYPE on a loop device, as root), made in the work directory; \"\" for the work directory itself")
 	flag.Parse()
@@ -220,7 +222,7 @@ func run(c config) error {
 	st := statusTime(c.bin, mnt)
 	add("tierfs status (median of 3)", st.Round(time.Millisecond).String(), "≤ 1s", st <= time.Second)
 	scrape, body := scrapeCost(pid, addr, cpu2)
-	add("a Prometheus scrape at rest (median of 5)", fmt.Sprintf("%.1f ms of tierfs's CPU, %s of text; %.3f%% of a core at a 15 s scrape interval", 1000*scrape, size(body), 100*scrape/15), "", false)
+	add("a Prometheus scrape at rest (mean of 40)", fmt.Sprintf("%.1f ms of tierfs's CPU, %s of text; %.3f%% of a core at a 15 s scrape interval", 1000*scrape, size(body), 100*scrape/15), "", false)
 	state := dirBytes(filepath.Join(backing, ".tierfs"))
 	per := state / int64(total)
 	add("local state per shipped segment (.tierfs, allocated)", size(per), "≤ 2 KiB", per <= 2<<10)
@@ -234,20 +236,45 @@ func run(c config) error {
 		return err
 	}
 	add("mount again, all shipped (start to mounted)", took.Round(time.Millisecond).String(), "", false)
-	req30, _ := benchutil.ReadStoreRequests(addr)
 	t30 := time.Now()
-	cpuFirst, _ := idleCPU(pid, 30*time.Second) // the first pass reads what it does not know yet
-	add("CPU of the first 30 s after the restart", fmt.Sprintf("%.2f%% of a core", 100*cpuFirst), "", false)
+	add("after a clean stop: CPU from the start to 30 s after mounted (the first pass included)", firstCPU(pid, t30, total), "", false)
 	idle30 := max(c.idle, 60*time.Second)
 	cpu30, err := idleCPU(pid, idle30)
 	req31, _ := benchutil.ReadStoreRequests(addr)
 	restarted := time.Since(t30)
-	unmount()
+	if err != nil {
+		unmount()
+		return err
+	}
+	add("store requests per minute after a clean restart, --tier-interval 30s (its first 30 s and the idle time)", req31.Per(nil, restarted.Minutes()), "", false)
+	add("idle CPU, --tier-interval 30s", fmt.Sprintf("%.2f%% of a core", 100*cpu30), "≤ 1%", cpu30 <= 0.01)
+
+	// kill -9 at rest (an OOM kill, say), the dead mount taken away by
+	// hand as an operator or a unit's ExecStartPre would, and a mount
+	// again: what the next mount costs when the last did not stop
+	// cleanly.
+	if err := killMount(pid, unmount, mnt); err != nil {
+		return err
+	}
+	var envK []string
+	if c.killedCPUProfile != "" {
+		p, err := filepath.Abs(c.killedCPUProfile)
+		if err != nil {
+			return err
+		}
+		envK = append(envK, "TIERFS_CPUPROFILE="+p)
+	}
+	unmount, pid, took, err = mount("30s", "mount-3.log", envK...)
 	if err != nil {
 		return err
 	}
-	add("store requests per minute after a clean restart, --tier-interval 30s (its first 30 s and the idle time)", req31.Per(req30, restarted.Minutes()), "", false)
-	add("idle CPU, --tier-interval 30s", fmt.Sprintf("%.2f%% of a core", 100*cpu30), "≤ 1%", cpu30 <= 0.01)
+	add("mount after kill -9 of the last, all shipped (start to mounted)", took.Round(time.Millisecond).String(), "", false)
+	add("after kill -9: CPU from the start to 30 s after mounted (the first pass included)", firstCPU(pid, time.Now(), total), "", false)
+	reqK, _ := benchutil.ReadStoreRequests(addr)
+	shippedK, _ := benchutil.Metric(addr, "tierfs_remote_copy_segments_total")
+	unmount()
+	add("after kill -9: store requests in the first 30 s, by op", reqK.Per(nil, 1), "", false)
+	add("after kill -9: segments shipped again", fmt.Sprintf("%.0f", shippedK), "", false)
 	if c.follower {
 		if err := measureFollower(c, work, fbacking, fmnt, remote, storeEnv, total, add); err != nil {
 			return err
@@ -257,7 +284,7 @@ func run(c config) error {
 	r := benchutil.Report{
 		Name:  "scale" + map[bool]string{true: "-s3"}[c.store == "s3"],
 		Title: "At scale: many partitions of many segments" + map[bool]string{true: ", on versitygw"}[c.store == "s3"],
-		Notes: []string{fmt.Sprintf("%d partitions of %d rolled segments of %s each (%d segments; every partition a copy of the first, as written by idx/kafka/kafkatest) and one active segment, shipped by one mount (`--ship-after 0s`, `--tier-interval 2s`) to %s, on %s; then the mount is stopped cleanly and mounted again with `--tier-interval 30s`. One run. Idle CPU is the mount's user+system time divided by the time, over %s after everything shipped (2 s interval) and over %s after the first 30 s of the second mount (30 s interval). The targets are issue 23's; %s.",
+		Notes: []string{fmt.Sprintf("%d partitions of %d rolled segments of %s each (%d segments; every partition a copy of the first, as written by idx/kafka/kafkatest) and one active segment, shipped by one mount (`--ship-after 0s`, `--tier-interval 2s`) to %s, on %s; then the mount is stopped cleanly and mounted again with `--tier-interval 30s`, and that mount is killed (kill -9), its dead mount detached (`umount -l`) and mounted again. One run. Idle CPU is the mount's user+system time divided by the time, over %s after everything shipped (2 s interval) and over %s after the first 30 s of the second mount (30 s interval). The targets are issue 23's; %s.",
 			c.partitions, c.segments, size(segSize), total, storeName, where, c.idle, max(c.idle, 60*time.Second), benchutil.Machine())},
 		Header: []string{"measurement", "value", "target", "met"},
 	}
@@ -367,18 +394,21 @@ func heapLine(addr string) string {
 }
 
 // scrapeCost is what one read of a mount's metrics page costs it at
-// rest: the median CPU seconds of five scrapes 1 s apart (each counted
-// from just before its request until 200 ms after its reply, the
-// collection it may cause included, less the idle share of a core it
-// uses anyway) and the page's size.
+// rest, and the page's size: the CPU of 40 scrapes 250 ms apart, from
+// just before the first until 500 ms after the last (the collections they
+// bring on included), less the idle share of a core the mount uses anyway,
+// divided by 40. One by one, a scrape would be below the resolution of
+// the kernel's CPU times (10 ms).
 func scrapeCost(pid int, addr string, idle float64) (cpu float64, body int64) {
-	var cpus []float64
-	for range 5 {
-		time.Sleep(time.Second)
-		t0 := time.Now()
-		a, err := procmem.CPUSeconds(pid)
-		if err != nil {
-			return 0, 0
+	const n = 40
+	t0 := time.Now()
+	a, err := procmem.CPUSeconds(pid)
+	if err != nil {
+		return 0, 0
+	}
+	for i := range n {
+		if i > 0 {
+			time.Sleep(250 * time.Millisecond)
 		}
 		resp, err := http.Get("http://" + addr + "/metrics")
 		if err != nil {
@@ -386,11 +416,36 @@ func scrapeCost(pid int, addr string, idle float64) (cpu float64, body int64) {
 		}
 		body, _ = io.Copy(io.Discard, resp.Body)
 		resp.Body.Close()
-		time.Sleep(200 * time.Millisecond)
-		b, _ := procmem.CPUSeconds(pid)
-		cpus = append(cpus, max(0, b-a-idle*time.Since(t0).Seconds()))
 	}
-	return benchutil.Median(cpus), body
+	time.Sleep(500 * time.Millisecond)
+	b, _ := procmem.CPUSeconds(pid)
+	return max(0, b-a-idle*time.Since(t0).Seconds()) / n, body
+}
+
+// firstCPU is the CPU the mount process pid used from its start until 30
+// s after it mounted (at mounted): its first pass, which reads every
+// partition (a new process knows none), included. Nothing here reads
+// its metrics meanwhile: a first scrape scans every partition too.
+func firstCPU(pid int, mounted time.Time, segments int) string {
+	time.Sleep(time.Until(mounted.Add(30 * time.Second)))
+	cpu, err := procmem.CPUSeconds(pid)
+	if err != nil {
+		return err.Error()
+	}
+	return fmt.Sprintf("%.2f s (%.0f µs a segment)", cpu, 1e6*cpu/float64(segments))
+}
+
+// killMount kills the mount process pid with SIGKILL, reaps it (unmount
+// waits for it) and detaches its dead mount from mnt.
+func killMount(pid int, unmount func(), mnt string) error {
+	if err := syscall.Kill(pid, syscall.SIGKILL); err != nil {
+		return err
+	}
+	unmount()
+	if out, err := exec.Command("umount", "-l", mnt).CombinedOutput(); err != nil {
+		return fmt.Errorf("umount -l %s after kill -9: %v: %s", mnt, err, out)
+	}
+	return nil
 }
 
 // idleCPU is the share of a core process pid used over d.
