@@ -3,6 +3,7 @@ package e2e
 import (
 	"context"
 	"crypto/sha256"
+	"errors"
 	"encoding/json"
 	"fmt"
 	"math/rand/v2"
@@ -253,4 +254,71 @@ func checkCatalog(t *testing.T, backing string, st store.Store) {
 			t.Errorf("object %s is named by no shipment", o.Key)
 		}
 	}
+}
+
+// TestMountOverADeadMount: tierfs mounted in place is killed (kill -9)
+// and started again at once, as systemd's Restart=on-failure does, with
+// no umount -l in between. The new process detaches its predecessor's
+// dead mount, mounts, and serves every file byte-exact, the evicted ones
+// included; one tierfs mount is left at the mount point.
+func TestMountOverADeadMount(t *testing.T) {
+	requireRoot(t)
+	dir, logDir, _ := mountDirs(t)
+	remoteDir := filepath.Join(dir, "remote")
+	bases, err := kafkatest.LogDir{Topic: "events", Partitions: 1, Segments: 4, Batches: 10, Records: 8, ValueSize: 5000, Unflushed: 1, Age: time.Hour}.Write(logDir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	before := sums(t, logDir)
+	args := []string{"--remote", "file://" + remoteDir, "--ship-after", "0s", "--local-retention-bytes", "1", "--tier-interval", "50ms", logDir}
+	m := startMount(t, nil, args...)
+	first := filepath.Join(logDir, "events-0", fmt.Sprintf("%020d.log", bases["events-0"][0]))
+	deadline := time.Now().Add(30 * time.Second)
+	for state(first) != "remote" {
+		if time.Now().After(deadline) {
+			t.Fatalf("%s not evicted after 30 s: %s\n%s", first, state(first), m.Log())
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+	t.Cleanup(func() { exec.Command("umount", "-l", logDir).Run() }) // if the test fails before the new mount
+	m.cmd.Process.Signal(syscall.SIGKILL)
+	<-m.done
+	var sfs unix.Statfs_t
+	if err := unix.Statfs(logDir, &sfs); !errors.Is(err, syscall.ENOTCONN) {
+		t.Fatalf("after kill -9 the mount point answers statfs with %v, want ENOTCONN", err)
+	}
+	m = startMount(t, nil, args...)
+	if !strings.Contains(m.Log(), "detached a dead tierfs mount") {
+		t.Errorf("the new mount did not say it detached the dead one:\n%s", m.Log())
+	}
+	after := sums(t, logDir)
+	for rel, sum := range before {
+		if after[rel] != sum {
+			t.Errorf("%s differs through the new mount", rel)
+		}
+	}
+	if got := state(first); got != "remote" {
+		t.Errorf("%s is %s through the new mount, want remote", first, got)
+	}
+	if n := tierfsMountsAt(t, logDir); n != 1 {
+		t.Errorf("%d tierfs mounts at %s, want 1", n, logDir)
+	}
+}
+
+// tierfsMountsAt counts the tierfs mounts at path in this process's
+// mount table.
+func tierfsMountsAt(t *testing.T, path string) int {
+	t.Helper()
+	b, err := os.ReadFile("/proc/self/mountinfo")
+	if err != nil {
+		t.Fatal(err)
+	}
+	n := 0
+	for _, line := range strings.Split(string(b), "\n") {
+		f := strings.Fields(line)
+		if len(f) > 4 && f[4] == path && strings.Contains(line, " - fuse.tierfs ") {
+			n++
+		}
+	}
+	return n
 }

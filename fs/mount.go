@@ -151,6 +151,9 @@ func Mount(cfg Config) (*Mounted, error) {
 	if cfg.Backing, err = filepath.Abs(cfg.Backing); err != nil {
 		return nil, err
 	}
+	if err := detachDeadMounts(cfg.Mountpoint, cfg.Log); err != nil {
+		return nil, err
+	}
 	if err := checkCanMount(cfg.Mountpoint); err != nil {
 		return nil, err
 	}
@@ -380,7 +383,14 @@ func lockStateDir(stateDir, backing string) (*os.File, error) {
 // checkCanMount gives clear errors for the usual mistakes before the kernel
 // gives an unclear one.
 func checkCanMount(mountpoint string) error {
+	var sfs unix.Statfs_t
+	if err := unix.Statfs(mountpoint, &sfs); errors.Is(err, syscall.ENOTCONN) {
+		return fmt.Errorf("mount point %s: %w (a FUSE file system's process ended without unmounting it; detach it with umount -l %s)", mountpoint, err, mountpoint)
+	}
 	st, err := os.Stat(mountpoint)
+	if errors.Is(err, syscall.ENOTCONN) {
+		return fmt.Errorf("mount point: %w (a FUSE file system's process ended without unmounting it; detach it with umount -l %s)", err, mountpoint)
+	}
 	if err != nil {
 		return fmt.Errorf("mount point: %w", err)
 	}
@@ -394,6 +404,40 @@ func checkCanMount(mountpoint string) error {
 		return fmt.Errorf("FUSE is not available: /dev/fuse is missing (load the fuse module: modprobe fuse)")
 	}
 	return nil
+}
+
+// maxDeadMounts bounds the dead mounts detachDeadMounts takes away from
+// one mount point (each crash without a detach leaves one more).
+const maxDeadMounts = 16
+
+// detachDeadMounts detaches the tierfs mounts at mountpoint whose process
+// is gone (kill -9, a crash, the OOM killer): the kernel still holds them
+// and answers every access with ENOTCONN, so without this a restart by
+// systemd (Restart=on-failure) would fail the same way until someone ran
+// umount -l. Only a mount whose type is tierfs's and whose connection is
+// dead is detached; a live one is refused later (checkCanMount), and
+// another file system's dead mount is left to its owner. A detached
+// mount is lazy (MNT_DETACH): a process that still holds a file of it
+// keeps getting ENOTCONN there, as it did. The backing directory and the
+// state below it are untouched; the new mount starts as after any stop.
+func detachDeadMounts(mountpoint string, log *slog.Logger) error {
+	for range maxDeadMounts {
+		// statfs, not stat: the kernel answers a stat of the mount's
+		// root from its cached attributes for a while after the process
+		// died, a statfs it must ask the process.
+		var sfs unix.Statfs_t
+		if err := unix.Statfs(mountpoint, &sfs); !errors.Is(err, syscall.ENOTCONN) {
+			return nil
+		}
+		if fstype, ok := MountedAt(mountpoint); !ok || fstype != "fuse.tierfs" {
+			return nil // not tierfs's: checkCanMount says what to do
+		}
+		if err := unix.Unmount(mountpoint, unix.MNT_DETACH); err != nil {
+			return fmt.Errorf("detach the dead tierfs mount at %s (its process ended without unmounting it): %w", mountpoint, err)
+		}
+		log.Warn("detached a dead tierfs mount: the process that served it ended without unmounting (a crash or kill -9)", "mountpoint", mountpoint)
+	}
+	return fmt.Errorf("mount point %s: still not connected after detaching %d dead tierfs mounts", mountpoint, maxDeadMounts)
 }
 
 func mountError(mountpoint string, err error) error {
