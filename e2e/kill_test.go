@@ -3,8 +3,8 @@ package e2e
 import (
 	"context"
 	"crypto/sha256"
-	"errors"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"math/rand/v2"
 	"os"
