@@ -17,6 +17,7 @@ import (
 
 	"github.com/tierfs/tierfs/chunkxfer"
 	"github.com/tierfs/tierfs/chunkxfer/store"
+	"github.com/tierfs/tierfs/fs"
 	"github.com/tierfs/tierfs/idx/kafka/kafkatest"
 	"github.com/tierfs/tierfs/internal/keylog"
 	"golang.org/x/sys/unix"
@@ -260,7 +261,8 @@ func checkCatalog(t *testing.T, backing string, st store.Store) {
 // and started again at once, as systemd's Restart=on-failure does, with
 // no umount -l in between. The new process detaches its predecessor's
 // dead mount, mounts, and serves every file byte-exact, the evicted ones
-// included; one tierfs mount is left at the mount point.
+// included; one tierfs mount is left at the mount point. Killed again,
+// tierfs umount detaches the dead mount.
 func TestMountOverADeadMount(t *testing.T) {
 	requireRoot(t)
 	dir, logDir, _ := mountDirs(t)
@@ -302,6 +304,22 @@ func TestMountOverADeadMount(t *testing.T) {
 	}
 	if n := tierfsMountsAt(t, logDir); n != 1 {
 		t.Errorf("%d tierfs mounts at %s, want 1", n, logDir)
+	}
+	// Killed again, the dead mount goes with tierfs umount, which has
+	// nothing to drain from a process that is gone.
+	m.cmd.Process.Signal(syscall.SIGKILL)
+	<-m.done
+	if out, err := exec.Command(tierfsBin, "umount", logDir).CombinedOutput(); err != nil || !strings.Contains(string(out), "detached a dead tierfs mount") {
+		t.Errorf("tierfs umount of the dead mount: %v: %s", err, out)
+	}
+	if n := tierfsMountsAt(t, logDir); n != 0 {
+		t.Errorf("%d tierfs mounts at %s after tierfs umount, want 0", n, logDir)
+	}
+	if fs.Dead(logDir) {
+		t.Errorf("%s is still dead after tierfs umount", logDir)
+	}
+	if _, err := os.Stat(first); err != nil {
+		t.Errorf("the backing directory after tierfs umount: %v", err)
 	}
 }
 

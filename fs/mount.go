@@ -383,9 +383,8 @@ func lockStateDir(stateDir, backing string) (*os.File, error) {
 // checkCanMount gives clear errors for the usual mistakes before the kernel
 // gives an unclear one.
 func checkCanMount(mountpoint string) error {
-	var sfs unix.Statfs_t
-	if err := unix.Statfs(mountpoint, &sfs); errors.Is(err, syscall.ENOTCONN) {
-		return fmt.Errorf("mount point %s: %w (a FUSE file system's process ended without unmounting it; detach it with umount -l %s)", mountpoint, err, mountpoint)
+	if Dead(mountpoint) {
+		return fmt.Errorf("mount point %s: %w (a FUSE file system's process ended without unmounting it; detach it with umount -l %s)", mountpoint, syscall.ENOTCONN, mountpoint)
 	}
 	st, err := os.Stat(mountpoint)
 	if errors.Is(err, syscall.ENOTCONN) {
@@ -422,11 +421,7 @@ const maxDeadMounts = 16
 // state below it are untouched; the new mount starts as after any stop.
 func detachDeadMounts(mountpoint string, log *slog.Logger) error {
 	for range maxDeadMounts {
-		// statfs, not stat: the kernel answers a stat of the mount's
-		// root from its cached attributes for a while after the process
-		// died, a statfs it must ask the process.
-		var sfs unix.Statfs_t
-		if err := unix.Statfs(mountpoint, &sfs); !errors.Is(err, syscall.ENOTCONN) {
+		if !Dead(mountpoint) {
 			return nil
 		}
 		if fstype, ok := MountedAt(mountpoint); !ok || fstype != "fuse.tierfs" {
@@ -438,6 +433,16 @@ func detachDeadMounts(mountpoint string, log *slog.Logger) error {
 		log.Warn("detached a dead tierfs mount: the process that served it ended without unmounting (a crash or kill -9)", "mountpoint", mountpoint)
 	}
 	return fmt.Errorf("mount point %s: still not connected after detaching %d dead tierfs mounts", mountpoint, maxDeadMounts)
+}
+
+// Dead says whether the file system mounted at mountpoint has lost the
+// process that served it: a FUSE mount whose process ended without
+// unmounting answers ENOTCONN. It asks with statfs, not stat: the kernel
+// answers a stat of a mount's root from its cached attributes for a
+// while after the process died, a statfs it must ask the process.
+func Dead(mountpoint string) bool {
+	var sfs unix.Statfs_t
+	return errors.Is(unix.Statfs(mountpoint, &sfs), syscall.ENOTCONN)
 }
 
 func mountError(mountpoint string, err error) error {

@@ -36,6 +36,15 @@ func cmdUmount() *cli.Command {
 			if fstype, ok := fs.MountedAt(mp); !ok || fstype != "fuse.tierfs" {
 				return fmt.Errorf("%s is not a tierfs mount", mp)
 			}
+			if fs.Dead(mp) {
+				// Its process is gone (kill -9, a crash): nothing to
+				// drain, nothing to wait for.
+				if err := unix.Unmount(mp, unix.MNT_DETACH); err != nil {
+					return fmt.Errorf("detach the dead tierfs mount at %s: %w", mp, err)
+				}
+				fmt.Fprintf(c.App.ErrWriter, "%s: detached a dead tierfs mount (its process had ended without unmounting)\n", mp)
+				return nil
+			}
 			drained, err := drain(c.Context, mp, c.Duration("wait"), c.Bool("force"))
 			if err != nil {
 				return err
