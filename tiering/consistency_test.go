@@ -132,9 +132,31 @@ func checkPassView(t *testing.T, tr *Tierer, root, at string) {
 	if fmt.Sprintf("%+v", sum) != fmt.Sprintf("%+v", want) {
 		t.Fatalf("%s: summary\n%+v\na full scan's\n%+v", at, sum, want)
 	}
-	parts, _, err := tr.scans.scan(root, false, tr.cfg.Now())
+	parts, from, _, err := tr.scans.scanKeeping(root, false, tr.cfg.Now())
 	if err != nil {
 		t.Fatal(err)
+	}
+	// What eviction reads of each partition, kept in its scan or not,
+	// equals what the records on disk say (asked twice: the second
+	// may be kept).
+	for i, p := range parts {
+		var want rolledLocal
+		for _, seg := range p.Segments {
+			rec, has, _ := readRecord(seg.LogPath())
+			switch st := stateOf(seg, rec, has); {
+			case st.Has && st.State == StateRemote:
+			case st.Has && st.State == StateShipped:
+				want.shipped = append(want.shipped, seg)
+				fallthrough
+			default:
+				want.bytes += seg.Size
+			}
+		}
+		for range 2 {
+			if got, errs := tr.evictor.localOf(p, from[i], tr.cfg.Now()); len(errs) > 0 || fmt.Sprint(got) != fmt.Sprint(want) {
+				t.Fatalf("%s: eviction reads %s as %+v (%v), the records on disk say %+v", at, p.Name, got, errs, want)
+			}
+		}
 	}
 	full, err := Scan(root)
 	if err != nil {

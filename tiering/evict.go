@@ -1,10 +1,12 @@
 package tiering
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
 	"os"
+	"slices"
 	"sort"
 	"syscall"
 	"time"
@@ -22,7 +24,12 @@ type evictor struct{ t *Tierer }
 // evictUnderRetention frees shipped segments past the local retention:
 // by age, then the oldest first in each partition over its byte limit,
 // then the oldest first anywhere while the total is over its limit.
-func (ev *evictor) evictUnderRetention(ctx context.Context, parts []Partition, now time.Time) (int, []error) {
+//
+// from are the scans parts came from (scanKeeping; nil: none kept): what
+// a partition's rolled segments hold is kept in its scan (localOf), so a
+// pass over partitions that did not change reads one record each, not
+// one per segment.
+func (ev *evictor) evictUnderRetention(ctx context.Context, parts []Partition, from []*partScan, now time.Time) (int, []error) {
 	c := ev.t.cfg
 	if c.LocalRetentionAge == 0 && c.LocalRetentionBytes == 0 && c.LocalRetentionTotalBytes == 0 {
 		return 0, nil
@@ -35,24 +42,20 @@ func (ev *evictor) evictUnderRetention(ctx context.Context, parts []Partition, n
 	var errs []error
 	var rest []cand // shipped segments still local after the per-partition pass
 	var total int64 // local .log bytes of all partitions
-	for _, p := range parts {
-		var shipped []cand
-		var local int64
-		for _, seg := range p.Segments {
-			rs, err := ev.t.records.of(seg)
-			if err != nil {
-				errs = append(errs, ev.t.status.noteErr(p.Name, err))
-				continue
-			}
-			if rs.Has && rs.State == StateRemote {
-				continue
-			}
-			local += seg.Size
-			if rs.Has && rs.State == StateShipped {
-				shipped = append(shipped, cand{p.Name, seg})
-			}
+	for i, p := range parts {
+		var sc *partScan
+		if from != nil {
+			sc = from[i]
 		}
-		sort.Slice(shipped, func(i, j int) bool { return shipped[i].seg.Base < shipped[j].seg.Base })
+		rl, perrs := ev.localOf(p, sc, now)
+		for _, err := range perrs {
+			errs = append(errs, ev.t.status.noteErr(p.Name, err))
+		}
+		local := rl.bytes
+		shipped := make([]cand, len(rl.shipped))
+		for j, seg := range rl.shipped {
+			shipped[j] = cand{p.Name, seg}
+		}
 		for _, cd := range shipped {
 			old := c.LocalRetentionAge > 0 && now.Sub(cd.seg.Mtime) > c.LocalRetentionAge
 			over := c.LocalRetentionBytes > 0 && local > c.LocalRetentionBytes
@@ -199,6 +202,72 @@ func (ev *evictor) finishEvict(seg Segment, rec Record) (bool, error) {
 	}
 	rec.Freed = true
 	return true, writeRecord(logPath, rec)
+}
+
+// rolledLocal is what eviction reads of a partition's segments: the
+// bytes of the .log files not remote, and the segments shipped and still
+// local, oldest first.
+type rolledLocal struct {
+	bytes   int64
+	shipped []Segment
+}
+
+// localOf reads rolledLocal of partition p, scanned in sc (nil: not
+// kept). The part of its rolled segments (all but the active one) is
+// kept in sc once their records have settled (recordSettle), as the
+// summary's is (summarizeScan), and reused while the scan is: any change
+// to one of them (a shipment, an eviction, a write or truncate through
+// the mount, a removed record) touches the scan, and a touched scan is
+// never reused. The active segment is read every time: it grows.
+func (ev *evictor) localOf(p Partition, sc *partScan, now time.Time) (rolledLocal, []error) {
+	var errs []error
+	add := func(r *rolledLocal, seg Segment) {
+		rs, err := ev.t.records.of(seg)
+		if err != nil {
+			errs = append(errs, err)
+			return
+		}
+		if rs.Has && rs.State == StateRemote {
+			return
+		}
+		r.bytes += seg.Size
+		if rs.Has && rs.State == StateShipped {
+			r.shipped = append(r.shipped, seg)
+		}
+	}
+	n := len(p.Segments)
+	if sc == nil || n == 0 || p.Segments[n-1].Next >= 0 {
+		var r rolledLocal
+		for _, seg := range p.Segments {
+			add(&r, seg)
+		}
+		slices.SortFunc(r.shipped, func(a, b Segment) int { return cmp.Compare(a.Base, b.Base) })
+		return r, errs
+	}
+	rolled := sc.local.Load()
+	if rolled == nil {
+		r := rolledLocal{}
+		settled := true
+		for _, seg := range p.Segments[:n-1] {
+			add(&r, seg)
+			settled = settled && ctimeSettled(seg.Ctime, now)
+		}
+		slices.SortFunc(r.shipped, func(a, b Segment) int { return cmp.Compare(a.Base, b.Base) })
+		if settled && len(errs) == 0 {
+			sc.local.Store(&r)
+		}
+		rolled = &r
+	}
+	r := rolledLocal{bytes: rolled.bytes, shipped: rolled.shipped}
+	active := rolledLocal{}
+	add(&active, p.Segments[n-1])
+	r.bytes += active.bytes
+	if len(active.shipped) > 0 {
+		// Not while it is the active one; kept in order all the same.
+		r.shipped = append(slices.Clip(r.shipped), active.shipped...)
+		slices.SortFunc(r.shipped, func(a, b Segment) int { return cmp.Compare(a.Base, b.Base) })
+	}
+	return r, errs
 }
 
 // retentionDue is when a local retention age falls due in partition p:

@@ -181,3 +181,55 @@ func TestEvictOfALostCopyKeepsTheBytesAndSaysWhy(t *testing.T) {
 		t.Error("its local bytes were freed")
 	}
 }
+
+// TestRetentionAsTheActiveSegmentGrows: a partition at rest (settled,
+// its rolled segments' part of the local bytes kept in its scan) whose
+// active segment grows past the local retention, as a broker's appends
+// do without the tierer seeing them, has its oldest shipped segment
+// evicted at the next pass, and only that one.
+func TestRetentionAsTheActiveSegmentGrows(t *testing.T) {
+	root, bases, _ := logDir(t)
+	parts, _ := Scan(root)
+	var local int64 // of orders-0
+	for _, p := range parts {
+		if p.Name == "orders-0" {
+			for _, seg := range p.Segments {
+				local += seg.Size
+			}
+		}
+	}
+	const room = 100 << 10
+	tr, err := New(Config{Root: root, StateDir: filepath.Join(root, ".tierfs"), Store: store.NewMem(nil), Policy: Policy{ShipAfter: time.Minute}, ChunkSize: 64 << 10,
+		LocalRetentionBytes: local + room, RescanInterval: time.Hour, Now: func() time.Time { return time.Now().Add(time.Hour) }})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer tr.Close()
+	if rep := mustPass(t, tr); rep.Evicted != 0 {
+		t.Fatalf("report %+v", rep)
+	}
+	for range 2 {
+		if rep := mustPass(t, tr); rep.Shipped+rep.Evicted != 0 {
+			t.Fatalf("not at rest: %+v", rep)
+		}
+	}
+	active := filepath.Join(root, "orders-0", kafkaName(bases["orders-0"][len(bases["orders-0"])-1], ".log"))
+	f, err := os.OpenFile(active, os.O_WRONLY|os.O_APPEND, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := f.Write(make([]byte, room+1)); err != nil {
+		t.Fatal(err)
+	}
+	f.Close()
+	if rep := mustPass(t, tr); rep.Evicted != 1 {
+		t.Fatalf("after the active segment grew: %+v", rep)
+	}
+	oldest := filepath.Join(root, "orders-0", kafkaName(bases["orders-0"][0], ".log"))
+	if st, _, _ := tr.copies.stateOf(oldest); st != StateRemote {
+		t.Fatalf("the oldest segment is %s", st)
+	}
+	if rep := mustPass(t, tr); rep.Evicted != 0 {
+		t.Fatalf("a pass after evicted more: %+v", rep)
+	}
+}

@@ -49,6 +49,9 @@ type partScan struct {
 	// while the scan is reused, none of them changed (any change
 	// touches it, and a touched scan is not reused).
 	rolled atomic.Pointer[PartitionSummary]
+	// local is what eviction found of the scan's rolled segments, kept
+	// under the same rule as rolled (evictor.localOf).
+	local atomic.Pointer[rolledLocal]
 }
 
 // dirStamp identifies a directory's contents: any entry created,
@@ -86,9 +89,16 @@ func (ps *partScans) fullDue(now time.Time, every time.Duration) bool {
 // settled and unchanged (and full is false), as last scanned; scanned
 // says which were scanned.
 func (ps *partScans) scan(root string, full bool, now time.Time) (parts []Partition, scanned map[string]bool, err error) {
+	parts, _, scanned, err = ps.scanKeeping(root, full, now)
+	return parts, scanned, err
+}
+
+// scanKeeping is scan, with the scan each partition came from (reused or
+// made now), in the order of parts.
+func (ps *partScans) scanKeeping(root string, full bool, now time.Time) (parts []Partition, from []*partScan, scanned map[string]bool, err error) {
 	dirs, err := livePartitionDirs(root)
 	if err != nil {
-		return nil, nil, err
+		return nil, nil, nil, err
 	}
 	// The directories are read without the lock: touch, on the write
 	// path, never waits for a scan.
@@ -110,7 +120,7 @@ func (ps *partScans) scan(root string, full bool, now time.Time) (parts []Partit
 		seen[name] = true
 		old := olds[name]
 		if !full && old.reusable(stamp, now) {
-			parts = append(parts, old.current())
+			parts, from = append(parts, old.current()), append(from, old)
 			continue
 		}
 		p, err := scanPartition(root, name, pd)
@@ -125,7 +135,7 @@ func (ps *partScans) scan(root string, full bool, now time.Time) (parts []Partit
 		ns := newScan(stamp, p)
 		ns.byPass = true
 		fresh[name] = ns
-		parts = append(parts, p)
+		parts, from = append(parts, p), append(from, ns)
 		scanned[name] = true
 	}
 	ps.mu.Lock()
@@ -139,7 +149,7 @@ func (ps *partScans) scan(root string, full bool, now time.Time) (parts []Partit
 			delete(ps.byName, name)
 		}
 	}
-	return parts, scanned, nil
+	return parts, from, scanned, nil
 }
 
 // newScan is what a scan of partition p under the directory stamp found.

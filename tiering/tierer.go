@@ -393,7 +393,7 @@ func (t *Tierer) RunOnce(ctx context.Context) Report {
 	defer t.up.DropBuffers()
 	now := t.cfg.Now()
 	full := t.scans.fullDue(now, t.cfg.RescanInterval)
-	parts, scanned, err := t.scans.scan(t.cfg.Root, full, now)
+	parts, from, scanned, err := t.scans.scanKeeping(t.cfg.Root, full, now)
 	if err != nil {
 		rep.Errors = append(rep.Errors, err)
 		return rep
@@ -454,7 +454,7 @@ func (t *Tierer) RunOnce(ctx context.Context) Report {
 		}()
 	}
 	wg.Wait()
-	n, errs := t.evictor.evictUnderRetention(ctx, parts, now)
+	n, errs := t.evictor.evictUnderRetention(ctx, parts, from, now)
 	rep.Evicted += n
 	rep.Errors = append(rep.Errors, errs...)
 	return rep
