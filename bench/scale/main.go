@@ -155,13 +155,9 @@ func run(c config) error {
 	}
 
 	// A first mount ships every segment.
-	var env []string
-	if c.cpuProfile != "" {
-		p, err := filepath.Abs(c.cpuProfile)
-		if err != nil {
-			return err
-		}
-		env = append(env, "TIERFS_CPUPROFILE="+p)
+	env, err := profileEnv(c.cpuProfile)
+	if err != nil {
+		return err
 	}
 	unmount, pid, took, err := mount("2s", "mount-1.log", env...)
 	if err != nil {
@@ -258,13 +254,9 @@ func run(c config) error {
 	if err := killMount(pid, unmount, mnt); err != nil {
 		return err
 	}
-	var envK []string
-	if c.killedCPUProfile != "" {
-		p, err := filepath.Abs(c.killedCPUProfile)
-		if err != nil {
-			return err
-		}
-		envK = append(envK, "TIERFS_CPUPROFILE="+p)
+	envK, err := profileEnv(c.killedCPUProfile)
+	if err != nil {
+		return err
 	}
 	unmount, pid, took, err = mount("30s", "mount-3.log", envK...)
 	if err != nil {
@@ -310,14 +302,11 @@ func measureFollower(c config, work, fbacking, fmnt, remote string, storeEnv []s
 		return err
 	}
 	fmt.Fprintln(os.Stderr, "a follower maps its segments...")
-	env := storeEnv
-	if c.followerCPUProfile != "" {
-		p, err := filepath.Abs(c.followerCPUProfile)
-		if err != nil {
-			return err
-		}
-		env = append(append([]string(nil), storeEnv...), "TIERFS_CPUPROFILE="+p)
+	env, err := profileEnv(c.followerCPUProfile)
+	if err != nil {
+		return err
 	}
+	env = append(env, storeEnv...)
 	t0 := time.Now()
 	unmount, pid, err := benchutil.MountProc(c.bin, filepath.Join(work, "follower.log"), env,
 		"--backing", fbacking, "--remote", remote, "--role", "follower", "--broker-id", "2", "--ship-after", "0s",
@@ -435,6 +424,19 @@ func firstCPU(pid int, mounted time.Time, segments int) string {
 		return err.Error()
 	}
 	return fmt.Sprintf("%.2f s (%.0f µs a segment)", cpu, 1e6*cpu/float64(segments))
+}
+
+// profileEnv is the environment that has a mount write a CPU profile to
+// path ("": none).
+func profileEnv(path string) ([]string, error) {
+	if path == "" {
+		return nil, nil
+	}
+	p, err := filepath.Abs(path)
+	if err != nil {
+		return nil, err
+	}
+	return []string{"TIERFS_CPUPROFILE=" + p}, nil
 }
 
 // killMount kills the mount process pid with SIGKILL, reaps it (unmount
