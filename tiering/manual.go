@@ -36,7 +36,7 @@ func (t *Tierer) ShipNow(ctx context.Context, rel string, progress chunkxfer.Pro
 		}
 		return rec.State, nil
 	}
-	cp, err := ReadCheckpoints(t.cfg.Root)
+	cp, err := t.checkpoints.read(t.cfg.Root, t.cfg.Now())
 	if err != nil {
 		return 0, err
 	}

@@ -7,9 +7,11 @@ package tiering
 import (
 	"cmp"
 	"fmt"
+	"io"
 	"os"
 	"path/filepath"
 	"slices"
+	"sync"
 	"syscall"
 	"time"
 
@@ -177,23 +179,87 @@ type Checkpoints struct {
 // A missing file is an empty checkpoint (nothing is flushed or
 // committed yet, so nothing ships).
 func ReadCheckpoints(root string) (Checkpoints, error) {
+	return (*checkpointFiles)(nil).read(root, time.Time{})
+}
+
+// checkpointFiles keeps the checkpoint files as last parsed, by each
+// file's stamp. A broker rewrites them (a new file renamed over the old)
+// about once a minute, and a pass reads them every --tier-interval: a
+// file is parsed again only when its inode, size, mtime or ctime moved.
+// What it returns is shared between passes and never written.
+type checkpointFiles struct {
+	mu    sync.Mutex
+	files map[string]parsedCheckpoint // by file name; GUARDED_BY(mu)
+}
+
+type parsedCheckpoint struct {
+	ino, size, mtime, ctime int64
+	cp                      kafka.OffsetCheckpoint
+}
+
+// read is ReadCheckpoints, keeping what it parsed (c nil: nothing kept).
+// A file is kept once its ctime is recordSettle old at now, as records
+// are: a rewrite in place within the ctime's resolution would not show.
+func (c *checkpointFiles) read(root string, now time.Time) (Checkpoints, error) {
 	var cp Checkpoints
-	for name, dst := range map[string]*kafka.OffsetCheckpoint{
-		"recovery-point-offset-checkpoint": &cp.Recovery,
-		"replication-offset-checkpoint":    &cp.HighWatermark,
-		"cleaner-offset-checkpoint":        &cp.Cleaner,
+	for _, f := range []struct {
+		name string
+		dst  *kafka.OffsetCheckpoint
+	}{
+		{"recovery-point-offset-checkpoint", &cp.Recovery},
+		{"replication-offset-checkpoint", &cp.HighWatermark},
+		{"cleaner-offset-checkpoint", &cp.Cleaner},
 	} {
-		data, err := os.ReadFile(filepath.Join(root, name))
+		path := filepath.Join(root, f.name)
+		file, err := os.Open(path)
 		if os.IsNotExist(err) {
-			*dst = kafka.OffsetCheckpoint{}
+			*f.dst = kafka.OffsetCheckpoint{}
 			continue
 		}
 		if err != nil {
 			return cp, err
 		}
-		if *dst, err = kafka.ParseOffsetCheckpoint(filepath.Join(root, name), data); err != nil {
+		*f.dst, err = c.parse(file, path, f.name, now)
+		file.Close()
+		if err != nil {
 			return cp, err
 		}
+	}
+	return cp, nil
+}
+
+// parse reads the open checkpoint file, or takes what was parsed of it
+// while its stamp is the same.
+func (c *checkpointFiles) parse(file *os.File, path, name string, now time.Time) (kafka.OffsetCheckpoint, error) {
+	var st syscall.Stat_t
+	if err := syscall.Fstat(int(file.Fd()), &st); err != nil {
+		return nil, err
+	}
+	stamp := parsedCheckpoint{ino: int64(st.Ino), size: st.Size, mtime: st.Mtim.Nano(), ctime: st.Ctim.Nano()}
+	if c != nil {
+		c.mu.Lock()
+		kept, ok := c.files[name]
+		c.mu.Unlock()
+		if ok && kept.ino == stamp.ino && kept.size == stamp.size && kept.mtime == stamp.mtime && kept.ctime == stamp.ctime {
+			return kept.cp, nil
+		}
+	}
+	data, err := io.ReadAll(file)
+	if err != nil {
+		return nil, err
+	}
+	cp, err := kafka.ParseOffsetCheckpoint(path, data)
+	if err != nil {
+		return nil, err
+	}
+	if c != nil && ctimeSettled(stamp.ctime, now) && int64(len(data)) == stamp.size {
+		stamp.cp = cp
+		c.mu.Lock()
+		if c.files == nil {
+			c.files = map[string]parsedCheckpoint{}
+		}
+		c.files[name] = stamp
+		c.mu.Unlock()
 	}
 	return cp, nil
 }

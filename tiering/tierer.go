@@ -130,16 +130,18 @@ type Tierer struct {
 	uploads   store.Store // where a shipment's objects are put: cfg.Store or its deferred view (deferrer)
 	mu        sync.Mutex  // guards cfg.BrokerID, learnt late
 	indexes   *partIndexes
-	batches   batchLists
-	status    *partStatus
-	work      work
-	claims    *claims
-	handles   *handles
-	shipments *shipmentCatalog
-	manifests *manifestCopies
-	records   *records
-	scans     *partScans
-	moves     *moves
+	// checkpoints are the broker's checkpoint files as last parsed.
+	checkpoints checkpointFiles
+	batches     batchLists
+	status      *partStatus
+	work        work
+	claims      *claims
+	handles     *handles
+	shipments   *shipmentCatalog
+	manifests   *manifestCopies
+	records     *records
+	scans       *partScans
+	moves       *moves
 
 	// The parts of the work, each in its own file.
 	shipper  *shipper
@@ -415,7 +417,7 @@ func (t *Tierer) RunOnce(ctx context.Context) Report {
 	if full {
 		t.records.keep(segs)
 	}
-	cp, err := ReadCheckpoints(t.cfg.Root)
+	cp, err := t.checkpoints.read(t.cfg.Root, now)
 	if err != nil {
 		rep.Errors = append(rep.Errors, err)
 		return rep
