@@ -1,6 +1,7 @@
 package tiering
 
 import (
+	"cmp"
 	"log/slog"
 	"path/filepath"
 	"slices"
@@ -100,25 +101,24 @@ func (ps *partScans) scanKeeping(root string, full bool, now time.Time) (parts [
 	if err != nil {
 		return nil, nil, nil, err
 	}
-	// The directories are read without the lock: touch, on the write
-	// path, never waits for a scan.
-	ps.mu.RLock()
-	olds := make(map[string]*partScan, len(ps.byName))
-	for name, s := range ps.byName {
-		olds[name] = s
+	// The directories are read without the lock (each last scan is
+	// looked up under it alone): touch, on the write path, never waits
+	// for a scan.
+	last := func(name string) *partScan {
+		ps.mu.RLock()
+		defer ps.mu.RUnlock()
+		return ps.byName[name]
 	}
-	ps.mu.RUnlock()
 	scanned = map[string]bool{}
-	seen := map[string]bool{}
 	fresh := map[string]*partScan{}
+	parts, from = make([]Partition, 0, len(dirs)), make([]*partScan, 0, len(dirs))
 	for _, d := range dirs {
 		name, pd := d.name, d.pd
 		stamp, err := stampOf(filepath.Join(root, name))
 		if err != nil {
 			continue // removed meanwhile
 		}
-		seen[name] = true
-		old := olds[name]
+		old := last(name)
 		if !full && old.reusable(stamp, now) {
 			parts, from = append(parts, old.current()), append(from, old)
 			continue
@@ -143,8 +143,10 @@ func (ps *partScans) scanKeeping(root string, full bool, now time.Time) (parts [
 	for _, ns := range fresh {
 		ps.installLocked(ns)
 	}
+	// A partition whose directory is gone (or was removed while it was
+	// read) is forgotten. parts are in the order of dirs, by name.
 	for name, old := range ps.byName {
-		if !seen[name] {
+		if _, ok := slices.BinarySearchFunc(parts, name, func(p Partition, name string) int { return cmp.Compare(p.Name, name) }); !ok {
 			ps.dropLocked(old)
 			delete(ps.byName, name)
 		}
