@@ -383,7 +383,7 @@ func lockStateDir(stateDir, backing string) (*os.File, error) {
 // checkCanMount gives clear errors for the usual mistakes before the kernel
 // gives an unclear one.
 func checkCanMount(mountpoint string) error {
-	if Dead(mountpoint) {
+	if _, mounted := MountedAt(mountpoint); mounted && Dead(mountpoint) {
 		return fmt.Errorf("mount point %s: %w (a FUSE file system's process ended without unmounting it; detach it with umount -l %s)", mountpoint, syscall.ENOTCONN, mountpoint)
 	}
 	st, err := os.Stat(mountpoint)
@@ -421,11 +421,11 @@ const maxDeadMounts = 16
 // state below it are untouched; the new mount starts as after any stop.
 func detachDeadMounts(mountpoint string, log *slog.Logger) error {
 	for range maxDeadMounts {
-		if !Dead(mountpoint) {
-			return nil
-		}
 		if fstype, ok := MountedAt(mountpoint); !ok || fstype != "fuse.tierfs" {
 			return nil // not tierfs's: checkCanMount says what to do
+		}
+		if !Dead(mountpoint) {
+			return nil // a live one: checkCanMount refuses it
 		}
 		if err := unix.Unmount(mountpoint, unix.MNT_DETACH); err != nil {
 			return fmt.Errorf("detach the dead tierfs mount at %s (its process ended without unmounting it): %w", mountpoint, err)
@@ -440,10 +440,25 @@ func detachDeadMounts(mountpoint string, log *slog.Logger) error {
 // unmounting answers ENOTCONN. It asks with statfs, not stat: the kernel
 // answers a stat of a mount's root from its cached attributes for a
 // while after the process died, a statfs it must ask the process.
+//
+// A mount that does not answer within deadWait is not dead (its process
+// is alive, busy or hung): the statfs is left to finish on its own.
 func Dead(mountpoint string) bool {
-	var sfs unix.Statfs_t
-	return errors.Is(unix.Statfs(mountpoint, &sfs), syscall.ENOTCONN)
+	answer := make(chan error, 1)
+	go func() {
+		var sfs unix.Statfs_t
+		answer <- unix.Statfs(mountpoint, &sfs)
+	}()
+	select {
+	case err := <-answer:
+		return errors.Is(err, syscall.ENOTCONN)
+	case <-time.After(deadWait):
+		return false
+	}
 }
+
+// deadWait is how long Dead waits for a mount's statfs.
+const deadWait = 2 * time.Second
 
 func mountError(mountpoint string, err error) error {
 	if errors.Is(err, syscall.EPERM) || errors.Is(err, syscall.EACCES) {
