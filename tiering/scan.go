@@ -183,9 +183,11 @@ func ReadCheckpoints(root string) (Checkpoints, error) {
 }
 
 // checkpointFiles keeps the checkpoint files as last parsed, by each
-// file's stamp. A broker rewrites them (a new file renamed over the old)
-// about once a minute, and a pass reads them every --tier-interval: a
-// file is parsed again only when its inode, size, mtime or ctime moved.
+// file's stamp. A broker rewrites them (a new file renamed over the old):
+// the recovery points once a minute, the high watermarks every 5 s, the
+// cleaner's as it cleans (Kafka's defaults); a pass reads them every
+// --tier-interval. A file is parsed again only when its inode, size,
+// mtime or ctime moved.
 // What it returns is shared between passes and never written.
 type checkpointFiles struct {
 	mu    sync.Mutex
