@@ -1,7 +1,6 @@
 package tiering
 
 import (
-	"cmp"
 	"context"
 	"errors"
 	"fmt"
@@ -52,11 +51,8 @@ func (ev *evictor) evictUnderRetention(ctx context.Context, parts []Partition, f
 			errs = append(errs, ev.t.status.noteErr(p.Name, err))
 		}
 		local := rl.bytes
-		shipped := make([]cand, len(rl.shipped))
-		for j, seg := range rl.shipped {
-			shipped[j] = cand{p.Name, seg}
-		}
-		for _, cd := range shipped {
+		for _, seg := range rl.shipped {
+			cd := cand{p.Name, seg}
 			old := c.LocalRetentionAge > 0 && now.Sub(cd.seg.Mtime) > c.LocalRetentionAge
 			over := c.LocalRetentionBytes > 0 && local > c.LocalRetentionBytes
 			if !old && !over {
@@ -214,59 +210,36 @@ type rolledLocal struct {
 
 // localOf reads rolledLocal of partition p, scanned in sc (nil: not
 // kept). The part of its rolled segments (all but the active one) is
-// kept in sc once their records have settled (recordSettle), as the
-// summary's is (summarizeScan), and reused while the scan is: any change
-// to one of them (a shipment, an eviction, a write or truncate through
-// the mount, a removed record) touches the scan, and a touched scan is
-// never reused. The active segment is read every time: it grows.
+// kept in sc (keptRolled), as the summary's is; the active segment is
+// read every time: it grows.
 func (ev *evictor) localOf(p Partition, sc *partScan, now time.Time) (rolledLocal, []error) {
 	var errs []error
-	add := func(r *rolledLocal, seg Segment) {
+	add := func(r *rolledLocal, seg Segment) bool {
 		rs, err := ev.t.records.of(seg)
 		if err != nil {
 			errs = append(errs, err)
-			return
+			return false
 		}
 		if rs.Has && rs.State == StateRemote {
-			return
+			return true
 		}
 		r.bytes += seg.Size
 		if rs.Has && rs.State == StateShipped {
-			r.shipped = append(r.shipped, seg)
+			r.shipped = append(r.shipped, seg) // in offset order, as scanned
 		}
+		return true
 	}
+	var r rolledLocal
 	n := len(p.Segments)
 	if sc == nil || n == 0 || p.Segments[n-1].Next >= 0 {
-		var r rolledLocal
 		for _, seg := range p.Segments {
 			add(&r, seg)
 		}
-		slices.SortFunc(r.shipped, func(a, b Segment) int { return cmp.Compare(a.Base, b.Base) })
 		return r, errs
 	}
-	rolled := sc.local.Load()
-	if rolled == nil {
-		r := rolledLocal{}
-		settled := true
-		for _, seg := range p.Segments[:n-1] {
-			add(&r, seg)
-			settled = settled && ctimeSettled(seg.Ctime, now)
-		}
-		slices.SortFunc(r.shipped, func(a, b Segment) int { return cmp.Compare(a.Base, b.Base) })
-		if settled && len(errs) == 0 {
-			sc.local.Store(&r)
-		}
-		rolled = &r
-	}
-	r := rolledLocal{bytes: rolled.bytes, shipped: rolled.shipped}
-	active := rolledLocal{}
-	add(&active, p.Segments[n-1])
-	r.bytes += active.bytes
-	if len(active.shipped) > 0 {
-		// Not while it is the active one; kept in order all the same.
-		r.shipped = append(slices.Clip(r.shipped), active.shipped...)
-		slices.SortFunc(r.shipped, func(a, b Segment) int { return cmp.Compare(a.Base, b.Base) })
-	}
+	r = *keptRolled(&sc.local, p.Segments[:n-1], now, add)
+	r.shipped = slices.Clip(r.shipped) // the kept list is never appended to
+	add(&r, p.Segments[n-1])
 	return r, errs
 }
 

@@ -45,14 +45,31 @@ type partScan struct {
 	settled atomic.Bool  // cleared by touch, at any time
 	touched atomic.Bool  // a touch since the scan: the pass cannot settle it
 	due     atomic.Int64 // scan again by then (unix ns; 0: no deadline)
-	// rolled is the summary of the scan's rolled segments (all but the
-	// active one), kept once their records had settled (summarizeScan):
-	// while the scan is reused, none of them changed (any change
-	// touches it, and a touched scan is not reused).
+	// rolled and local are what the summary (summarizeScan) and
+	// eviction (evictor.localOf) found of the scan's rolled segments,
+	// kept by keptRolled.
 	rolled atomic.Pointer[PartitionSummary]
-	// local is what eviction found of the scan's rolled segments, kept
-	// under the same rule as rolled (evictor.localOf).
-	local atomic.Pointer[rolledLocal]
+	local  atomic.Pointer[rolledLocal]
+}
+
+// keptRolled is what fold made of a scan's rolled segments (all but the
+// active one), starting from the zero T, kept in slot once their records
+// have settled (recordSettle, as the records cache keeps them) and fold
+// found nothing amiss (it returns false on an error), and reused while
+// the scan is: while a scan is reused none of its segments changed (any
+// change touches it, and a touched scan is not reused).
+func keptRolled[T any](slot *atomic.Pointer[T], rolled []Segment, now time.Time, fold func(*T, Segment) bool) *T {
+	if r := slot.Load(); r != nil {
+		return r
+	}
+	r, keep := new(T), true
+	for _, seg := range rolled {
+		keep = fold(r, seg) && ctimeSettled(seg.Ctime, now) && keep
+	}
+	if keep {
+		slot.Store(r)
+	}
+	return r
 }
 
 // dirStamp identifies a directory's contents: any entry created,

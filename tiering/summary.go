@@ -75,28 +75,18 @@ func (s *PartitionSummary) add(seg Segment, st tiered.State) {
 
 // summarizeScan summarizes partition p as a view found it in scan sc
 // (nil: not kept). The summary of its rolled segments is kept in the
-// scan once their records have settled (recordSettle, as the records
-// cache keeps them), and reused while the scan is: a scrape of a
-// partition that did not change asks only its active segment's state.
+// scan (keptRolled): a scrape of a partition that did not change asks
+// only its active segment's state.
 func summarizeScan(p Partition, sc *partScan, state func(seg Segment) tiered.State, now time.Time) PartitionSummary {
 	n := len(p.Segments)
 	if sc == nil || n == 0 || p.Segments[n-1].Next >= 0 {
 		return summarize([]Partition{p}, state)[0]
 	}
-	rolled := sc.rolled.Load()
-	if rolled == nil {
-		r := PartitionSummary{Name: p.Name}
-		settled := true
-		for _, seg := range p.Segments[:n-1] {
-			r.add(seg, state(seg))
-			settled = settled && ctimeSettled(seg.Ctime, now)
-		}
-		if settled {
-			sc.rolled.Store(&r)
-		}
-		rolled = &r
-	}
-	s := *rolled
+	s := *keptRolled(&sc.rolled, p.Segments[:n-1], now, func(r *PartitionSummary, seg Segment) bool {
+		r.add(seg, state(seg))
+		return true
+	})
+	s.Name = p.Name
 	s.add(p.Segments[n-1], state(p.Segments[n-1]))
 	return s
 }
