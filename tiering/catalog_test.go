@@ -536,7 +536,7 @@ func TestViewScanIsNeverSettled(t *testing.T) {
 	}
 	ps := newPartScans(slog.New(slog.DiscardHandler))
 	now := time.Now()
-	if _, scanned, err := ps.scan(root, false, now); err != nil || !scanned["orders-0"] {
+	if _, _, scanned, err := ps.scan(root, false, now); err != nil || !scanned["orders-0"] {
 		t.Fatalf("first scan: %v %v", scanned, err)
 	}
 	// The broker rolls while the pass works on what it scanned; a view
@@ -547,13 +547,13 @@ func TestViewScanIsNeverSettled(t *testing.T) {
 		t.Fatalf("view: %d scanned, %+v, %v", n, vs, err)
 	}
 	ps.settle("orders-0", true, time.Time{}) // the pass found nothing to do in what it had scanned
-	_, scanned, err := ps.scan(root, false, now)
+	_, _, scanned, err := ps.scan(root, false, now)
 	if err != nil || !scanned["orders-0"] {
 		t.Fatal("the next pass did not scan a partition whose roll only a view had seen")
 	}
 	// A pass's own scan still settles: the pass after it scans nothing.
 	ps.settle("orders-0", true, time.Time{})
-	if _, scanned, _ := ps.scan(root, false, now); scanned["orders-0"] {
+	if _, _, scanned, _ := ps.scan(root, false, now); scanned["orders-0"] {
 		t.Fatal("a settled, unchanged partition was scanned again")
 	}
 }

@@ -132,7 +132,7 @@ func checkPassView(t *testing.T, tr *Tierer, root, at string) {
 	if fmt.Sprintf("%+v", sum) != fmt.Sprintf("%+v", want) {
 		t.Fatalf("%s: summary\n%+v\na full scan's\n%+v", at, sum, want)
 	}
-	parts, from, _, err := tr.scans.scanKeeping(root, false, tr.cfg.Now())
+	parts, from, _, err := tr.scans.scan(root, false, tr.cfg.Now())
 	if err != nil {
 		t.Fatal(err)
 	}

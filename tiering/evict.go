@@ -24,7 +24,7 @@ type evictor struct{ t *Tierer }
 // by age, then the oldest first in each partition over its byte limit,
 // then the oldest first anywhere while the total is over its limit.
 //
-// from are the scans parts came from (scanKeeping; nil: none kept): what
+// from are the scans parts came from (partScans.scan; nil: none kept): what
 // a partition's rolled segments hold is kept in its scan (localOf), so a
 // pass over partitions that did not change reads one record each, not
 // one per segment.

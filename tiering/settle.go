@@ -106,14 +106,9 @@ func (ps *partScans) fullDue(now time.Time, every time.Duration) bool {
 // scan is the live partitions under root, each scanned again or, when
 // settled and unchanged (and full is false), as last scanned; scanned
 // says which were scanned.
-func (ps *partScans) scan(root string, full bool, now time.Time) (parts []Partition, scanned map[string]bool, err error) {
-	parts, _, scanned, err = ps.scanKeeping(root, full, now)
-	return parts, scanned, err
-}
-
-// scanKeeping is scan, with the scan each partition came from (reused or
-// made now), in the order of parts.
-func (ps *partScans) scanKeeping(root string, full bool, now time.Time) (parts []Partition, from []*partScan, scanned map[string]bool, err error) {
+// from are the scans they came from (reused or made now), in the order
+// of parts.
+func (ps *partScans) scan(root string, full bool, now time.Time) (parts []Partition, from []*partScan, scanned map[string]bool, err error) {
 	dirs, err := livePartitionDirs(root)
 	if err != nil {
 		return nil, nil, nil, err

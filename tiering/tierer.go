@@ -395,7 +395,7 @@ func (t *Tierer) RunOnce(ctx context.Context) Report {
 	defer t.up.DropBuffers()
 	now := t.cfg.Now()
 	full := t.scans.fullDue(now, t.cfg.RescanInterval)
-	parts, from, scanned, err := t.scans.scanKeeping(t.cfg.Root, full, now)
+	parts, from, scanned, err := t.scans.scan(t.cfg.Root, full, now)
 	if err != nil {
 		rep.Errors = append(rep.Errors, err)
 		return rep
