@@ -383,12 +383,16 @@ func lockStateDir(stateDir, backing string) (*os.File, error) {
 // checkCanMount gives clear errors for the usual mistakes before the kernel
 // gives an unclear one.
 func checkCanMount(mountpoint string) error {
-	if _, mounted := MountedAt(mountpoint); mounted && Dead(mountpoint) {
-		return fmt.Errorf("mount point %s: %w (a FUSE file system's process ended without unmounting it; detach it with umount -l %s)", mountpoint, syscall.ENOTCONN, mountpoint)
+	// A dead mount may still answer a stat from cached attributes; asked
+	// with statfs (Dead), it cannot.
+	var st os.FileInfo
+	var err error = syscall.ENOTCONN
+	fstype, mounted := MountedAt(mountpoint)
+	if !mounted || !Dead(mountpoint) {
+		st, err = os.Stat(mountpoint)
 	}
-	st, err := os.Stat(mountpoint)
 	if errors.Is(err, syscall.ENOTCONN) {
-		return fmt.Errorf("mount point: %w (a FUSE file system's process ended without unmounting it; detach it with umount -l %s)", err, mountpoint)
+		return fmt.Errorf("mount point %s: %w (a FUSE file system's process ended without unmounting it; detach it with umount -l %s)", mountpoint, err, mountpoint)
 	}
 	if err != nil {
 		return fmt.Errorf("mount point: %w", err)
@@ -396,7 +400,7 @@ func checkCanMount(mountpoint string) error {
 	if !st.IsDir() {
 		return fmt.Errorf("mount point %s is not a directory", mountpoint)
 	}
-	if fstype, ok := MountedAt(mountpoint); ok && fstype == "fuse.tierfs" {
+	if mounted && fstype == "fuse.tierfs" {
 		return fmt.Errorf("%w: %s is already a tierfs mount (unmount it first: tierfs umount %s)", ErrAlreadyMounted, mountpoint, mountpoint)
 	}
 	if _, err := os.Stat("/dev/fuse"); err != nil {
