@@ -219,7 +219,12 @@ func (m *Mounted) start() error {
 			// rest, as libfuse's default: a program that lists a
 			// directory for its names (a broker at start-up) does not
 			// pay a lookup of every entry.
-			ExtraCapabilities: fuse.CAP_READDIRPLUS_AUTO,
+			ExtraCapabilities: fuse.CAP_READDIRPLUS_AUTO |
+				// The kernel keeps that a file has no
+				// security.capability (else it asks before every
+				// write); the mount clears set-ID bits on a
+				// truncate (killpriv.go).
+				fuse.CAP_HANDLE_KILLPRIV_V2,
 			// The kernel checks POSIX ACLs (the backing files'
 			// system.posix_acl_* attributes) as well as the mode, as
 			// the backing file system does: without it an ACL entry

@@ -295,6 +295,25 @@ func (n *node) hideStateDirLink(a *fuse.Attr) {
 const setattrContext = fuse.FATTR_FH | fuse.FATTR_LOCKOWNER
 
 func (n *node) Setattr(ctx context.Context, f gofs.FileHandle, in *fuse.SetAttrIn, out *fuse.AttrOut) syscall.Errno {
+	errno := n.setattrTracked(ctx, f, in, out)
+	if errno != 0 || in.Valid&fuse.FATTR_KILL_SUIDGID == 0 {
+		return errno
+	}
+	// A truncate (or chown) by a caller without CAP_FSETID: the kernel
+	// leaves the set-ID bits to the mount (killpriv.go).
+	fd, unpin, err := n.pin()
+	if err != nil {
+		return toErrno(err)
+	}
+	defer unpin()
+	killed, err := killSetID(ctx, fd)
+	out.Attr.Mode &^= killed
+	return toErrno(err)
+}
+
+// setattrTracked is a SETATTR, a truncate through change management when
+// it has one.
+func (n *node) setattrTracked(ctx context.Context, f gofs.FileHandle, in *fuse.SetAttrIn, out *fuse.AttrOut) syscall.Errno {
 	if in.Valid&^setattrContext == 0 {
 		// chown(-1, -1): no owner changes, but ctime does, as on the
 		// backing file system.

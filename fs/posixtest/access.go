@@ -230,6 +230,12 @@ func writeStep(name, data string) func(dir string, tr *Transcript) {
 	}
 }
 
+func truncStep(name string, size int64) func(dir string, tr *Transcript) {
+	return func(dir string, tr *Transcript) {
+		tr.Err(fmt.Sprintf("truncate %s to %d", name, size), os.Truncate(filepath.Join(dir, name), size))
+	}
+}
+
 func statStep(name string) func(dir string, tr *Transcript) {
 	return func(dir string, tr *Transcript) {
 		var st unix.Stat_t
@@ -378,6 +384,35 @@ func AccessCases() []AccessCase {
 		}, Steps: []Step{
 			{UserB, writeStep("by-other", "#"), "write"}, {UserB, statStep("by-other"), "write"},
 			{UserA, writeStep("by-owner", "#"), "write"}, {UserA, statStep("by-owner"), "write"},
+		}},
+
+		// A truncate, and an open with O_TRUNC, clear them too (the
+		// mount tells the kernel it clears them itself on a truncate:
+		// FUSE_HANDLE_KILLPRIV_V2). "no-group-x" has set-group-ID without
+		// group execute, truncated by a user outside its group: Linux
+		// clears that bit too. (A write by such a user keeps it through
+		// the mount: the kernel's FUSE code clears the set-group-ID bit
+		// on a write only with group execute; README, Semantics.)
+		{Name: "setid-cleared-on-truncate", Setup: func(d string) error {
+			for _, name := range []string{"by-other", "by-owner", "trunc-open", "unchanged-size"} {
+				if err := file(filepath.Join(d, name), "#!/bin/sh\n", UserA, GroupA, 0o6777); err != nil {
+					return err
+				}
+			}
+			return file(filepath.Join(d, "no-group-x"), "#!/bin/sh\n", UserA, GroupA, 0o6767)
+		}, Steps: []Step{
+			{UserB, truncStep("by-other", 1), "truncate"}, {UserB, statStep("by-other"), "truncate"},
+			{UserA, truncStep("by-owner", 1), "truncate"}, {UserA, statStep("by-owner"), "truncate"},
+			{UserB, func(dir string, tr *Transcript) {
+				f, err := os.OpenFile(filepath.Join(dir, "trunc-open"), os.O_WRONLY|os.O_TRUNC, 0)
+				tr.Err("open trunc-open with O_TRUNC", err)
+				if err == nil {
+					f.Close()
+				}
+			}, "truncate"},
+			{UserB, statStep("trunc-open"), "truncate"},
+			{UserB, truncStep("unchanged-size", 10), "truncate"}, {UserB, statStep("unchanged-size"), "truncate"},
+			{UserB, truncStep("no-group-x", 1), "truncate"}, {UserB, statStep("no-group-x"), "truncate"},
 		}},
 
 		{Name: "utimes", Setup: func(d string) error {
