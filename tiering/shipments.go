@@ -67,11 +67,13 @@ func (c *shipmentCatalog) loadLocked() error {
 	// A partition has a log, a legacy directory, or both (a crash
 	// while its files moved).
 	var parts []string
+	legacy := map[string]bool{}
 	for _, e := range ents {
 		if part, ok := strings.CutSuffix(e.Name(), keyLogExt); ok && e.Type().IsRegular() {
 			parts = append(parts, part)
 		} else if e.IsDir() {
 			parts = append(parts, e.Name())
+			legacy[e.Name()] = true
 		}
 	}
 	byPart, logs := map[string]map[string]keptShipment{}, map[string]*keylog.Log{}
@@ -79,19 +81,12 @@ func (c *shipmentCatalog) loadLocked() error {
 		if logs[part] != nil {
 			continue // both: done
 		}
-		l, err := c.openLog(part)
-		if err != nil {
-			return err
-		}
-		logs[part] = l
-		if err := c.migrate(part, l); err != nil {
-			return err
-		}
-		err = l.Each(func(key string, val []byte) error {
+		path := filepath.Join(c.root(), part+keyLogExt)
+		keep := func(key string, val []byte) error {
 			// Kept as the line has it: objects from the stem mark on.
 			var s Shipment
 			if err := json.Unmarshal(val, &s); err != nil {
-				return fmt.Errorf("shipment %s in %s: %w", key, l.Path(), err)
+				return fmt.Errorf("shipment %s in %s: %w", key, path, err)
 			}
 			if s.Key == key {
 				s.Key = key // the log's copy of the string, not a second one
@@ -101,8 +96,25 @@ func (c *shipmentCatalog) loadLocked() error {
 			}
 			byPart[part][s.Key] = c.keptLocked(s)
 			return nil
-		})
+		}
+		if !legacy[part] {
+			// The log alone: its lines read and decoded once.
+			l, err := openKeyLogEach(path, "shipment", c.log, keep)
+			if err != nil {
+				return err
+			}
+			logs[part] = l
+			continue
+		}
+		l, err := c.openLog(part)
 		if err != nil {
+			return err
+		}
+		logs[part] = l
+		if err := c.migrate(part, l); err != nil {
+			return err
+		}
+		if err := l.Each(keep); err != nil {
 			return err
 		}
 	}

@@ -15,7 +15,21 @@ const keyLogExt = ".klog"
 // openKeyLog opens the keyed log at path, logging a torn append it cut
 // off (what names the log's kind).
 func openKeyLog(path, what string, log *slog.Logger) (*keylog.Log, error) {
-	l, cut, err := keylog.Open(path)
+	return openKeyLogEach(path, what, log, nil)
+}
+
+// openKeyLogEach is openKeyLog that also hands fn every live key and
+// value, as Each would, from the one read of the file (keylog.OpenEach);
+// fn nil is openKeyLog.
+func openKeyLogEach(path, what string, log *slog.Logger, fn func(key string, val []byte) error) (*keylog.Log, error) {
+	var l *keylog.Log
+	var cut int64
+	var err error
+	if fn == nil {
+		l, cut, err = keylog.Open(path)
+	} else {
+		l, cut, err = keylog.OpenEach(path, fn)
+	}
 	if err != nil {
 		return nil, err
 	}

@@ -118,6 +118,46 @@ func Open(path string) (*Log, int64, error) {
 	return l, cut, nil
 }
 
+// OpenEach is Open followed by Each, without reading the file a second
+// time: fn gets every live key and its value, in the file's order (as
+// Each gives them), from the bytes Open read and checked, each line
+// decoded once. A tierer's first pass opens every partition's logs, and
+// Open then Each decoded each live line twice.
+func OpenEach(path string, fn func(key string, val []byte) error) (*Log, int64, error) {
+	l := &Log{path: path, at: map[string]span{}}
+	b, err := os.ReadFile(path)
+	if errors.Is(err, os.ErrNotExist) {
+		return l, 0, nil
+	}
+	if err != nil {
+		return nil, 0, err
+	}
+	vals := map[string][]byte{} // each key's newest value
+	valid, err := l.parse(b, func(key string, val []byte) {
+		if val == nil {
+			delete(vals, key)
+		} else {
+			vals[key] = val
+		}
+	})
+	if err != nil {
+		return nil, 0, err
+	}
+	cut := int64(len(b)) - valid
+	if cut > 0 {
+		if err := cutTo(path, valid); err != nil {
+			return nil, 0, err
+		}
+	}
+	l.size = valid
+	for _, x := range l.inOrder() {
+		if err := fn(x.k, vals[x.k]); err != nil {
+			return nil, 0, err
+		}
+	}
+	return l, cut, nil
+}
+
 // Parse reads the lines of a log's bytes (path names it in errors) and
 // calls fn for each, in order, with the value (nil for a delete). It
 // returns the length of the whole lines; a torn last line is not an
@@ -372,22 +412,7 @@ func (l *Log) valueAt(b []byte, key string, sp span, check bool) ([]byte, error)
 func (l *Log) Each(fn func(key string, val []byte) error) error {
 	l.mu.Lock()
 	defer l.mu.Unlock()
-	spans := make([]struct {
-		k string
-		s span
-	}, 0, len(l.at))
-	for k, s := range l.at {
-		spans = append(spans, struct {
-			k string
-			s span
-		}{k, s})
-	}
-	sort.Slice(spans, func(i, j int) bool {
-		if spans[i].s.off != spans[j].s.off {
-			return spans[i].s.off < spans[j].s.off
-		}
-		return spans[i].k < spans[j].k // one batch line's keys
-	})
+	spans := l.inOrder()
 	if len(spans) == 0 {
 		return nil
 	}
@@ -410,6 +435,28 @@ func (l *Log) Each(fn func(key string, val []byte) error) error {
 		}
 	}
 	return nil
+}
+
+// keySpan is a live key and where its line is.
+type keySpan struct {
+	k string
+	s span
+}
+
+// inOrder is the live keys in the file's order (a batch line's by key).
+// GUARDED_BY(mu), or l not shared yet.
+func (l *Log) inOrder() []keySpan {
+	spans := make([]keySpan, 0, len(l.at))
+	for k, s := range l.at {
+		spans = append(spans, keySpan{k, s})
+	}
+	sort.Slice(spans, func(i, j int) bool {
+		if spans[i].s.off != spans[j].s.off {
+			return spans[i].s.off < spans[j].s.off
+		}
+		return spans[i].k < spans[j].k // one batch line's keys
+	})
+	return spans
 }
 
 // Put appends key's value (JSON) and syncs it.

@@ -304,3 +304,67 @@ func TestEncodeBatch(t *testing.T) {
 		t.Fatalf("puts at %v, decodePuts finds them at %v", puts, got)
 	}
 }
+
+// OpenEach gives what Open then Each give: the same live keys and
+// values in the same order, the same torn tail cut, and a Log that
+// holds the same keys; an error from fn ends it.
+func TestOpenEachIsOpenThenEach(t *testing.T) {
+	dir := t.TempDir()
+	p := filepath.Join(dir, "a.klog")
+	l := open(t, p)
+	for i := range 30 {
+		if err := l.Put(fmt.Sprintf("k%02d", i%11), []byte(fmt.Sprintf(`{"n":%d}`, i))); err != nil {
+			t.Fatal(err)
+		}
+		if i%7 == 3 {
+			if err := l.Delete(fmt.Sprintf("k%02d", (i+4)%11)); err != nil {
+				t.Fatal(err)
+			}
+		}
+		if i%9 == 0 {
+			es := []Entry{{"b1", []byte(fmt.Sprintf(`[%d]`, i))}, {"k03", []byte(`"in a batch"`)}, {fmt.Sprintf("b%d", i), []byte(`{}`)}}
+			if err := l.PutAll(es); err != nil {
+				t.Fatal(err)
+			}
+		}
+	}
+	good, err := os.ReadFile(p)
+	if err != nil {
+		t.Fatal(err)
+	}
+	torn, _ := encode("late", []byte("1"))
+	for name, b := range map[string][]byte{"whole": good, "torn tail": append(append([]byte{}, good...), torn[:len(torn)-3]...)} {
+		t.Run(name, func(t *testing.T) {
+			read := func(openEach bool) (kvs []string, keys []string, cut int64) {
+				q := filepath.Join(t.TempDir(), "a.klog")
+				if err := os.WriteFile(q, b, 0o644); err != nil {
+					t.Fatal(err)
+				}
+				note := func(k string, v []byte) error { kvs = append(kvs, k+"="+string(v)); return nil }
+				var l *Log
+				var err error
+				if openEach {
+					l, cut, err = OpenEach(q, note)
+				} else if l, cut, err = Open(q); err == nil {
+					err = l.Each(note)
+				}
+				if err != nil {
+					t.Fatal(err)
+				}
+				return kvs, l.Keys(), cut
+			}
+			kvs, keys, cut := read(false)
+			kvs2, keys2, cut2 := read(true)
+			if len(kvs) < 10 || !reflect.DeepEqual(kvs, kvs2) || !reflect.DeepEqual(keys, keys2) || cut != cut2 {
+				t.Fatalf("Open then Each: %v, keys %v, cut %d\nOpenEach: %v, keys %v, cut %d", kvs, keys, cut, kvs2, keys2, cut2)
+			}
+		})
+	}
+	stop := errors.New("stop")
+	if _, _, err := OpenEach(p, func(string, []byte) error { return stop }); !errors.Is(err, stop) {
+		t.Fatalf("fn's error: %v", err)
+	}
+	if l, cut, err := OpenEach(filepath.Join(dir, "none.klog"), func(string, []byte) error { return stop }); err != nil || cut != 0 || l.Len() != 0 {
+		t.Fatalf("no file: %v, %d, %v", l, cut, err)
+	}
+}
