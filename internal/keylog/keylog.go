@@ -96,6 +96,11 @@ type Entry struct {
 // Open reads the log at path (none yet is an empty log) and cuts off a
 // torn last line, returning how many bytes it cut.
 func Open(path string) (*Log, int64, error) {
+	return openWith(path, nil)
+}
+
+// openWith is Open, calling fn for each put and delete as parse does.
+func openWith(path string, fn func(key string, val []byte)) (*Log, int64, error) {
 	l := &Log{path: path, at: map[string]span{}}
 	b, err := os.ReadFile(path)
 	if errors.Is(err, os.ErrNotExist) {
@@ -104,7 +109,7 @@ func Open(path string) (*Log, int64, error) {
 	if err != nil {
 		return nil, 0, err
 	}
-	valid, err := l.parse(b, nil)
+	valid, err := l.parse(b, fn)
 	if err != nil {
 		return nil, 0, err
 	}
@@ -124,16 +129,8 @@ func Open(path string) (*Log, int64, error) {
 // decoded once. A tierer's first pass opens every partition's logs, and
 // Open then Each decoded each live line twice.
 func OpenEach(path string, fn func(key string, val []byte) error) (*Log, int64, error) {
-	l := &Log{path: path, at: map[string]span{}}
-	b, err := os.ReadFile(path)
-	if errors.Is(err, os.ErrNotExist) {
-		return l, 0, nil
-	}
-	if err != nil {
-		return nil, 0, err
-	}
 	vals := map[string][]byte{} // each key's newest value
-	valid, err := l.parse(b, func(key string, val []byte) {
+	l, cut, err := openWith(path, func(key string, val []byte) {
 		if val == nil {
 			delete(vals, key)
 		} else {
@@ -143,13 +140,6 @@ func OpenEach(path string, fn func(key string, val []byte) error) (*Log, int64, 
 	if err != nil {
 		return nil, 0, err
 	}
-	cut := int64(len(b)) - valid
-	if cut > 0 {
-		if err := cutTo(path, valid); err != nil {
-			return nil, 0, err
-		}
-	}
-	l.size = valid
 	for _, x := range l.inOrder() {
 		if err := fn(x.k, vals[x.k]); err != nil {
 			return nil, 0, err
