@@ -81,7 +81,7 @@ func (c *shipmentCatalog) loadLocked() error {
 		if logs[part] != nil {
 			continue // both: done
 		}
-		path := filepath.Join(c.root(), part+keyLogExt)
+		path := c.logPath(part)
 		keep := func(key string, val []byte) error {
 			// Kept as the line has it: objects from the stem mark on.
 			var s Shipment
@@ -123,7 +123,12 @@ func (c *shipmentCatalog) loadLocked() error {
 }
 
 func (c *shipmentCatalog) openLog(part string) (*keylog.Log, error) {
-	return openKeyLog(filepath.Join(c.root(), part+keyLogExt), "shipment", c.log)
+	return openKeyLog(c.logPath(part), "shipment", c.log)
+}
+
+// logPath is the file of partition part's shipment log.
+func (c *shipmentCatalog) logPath(part string) string {
+	return filepath.Join(c.root(), part+keyLogExt)
 }
 
 // migrate moves the legacy shipment files of a partition, if any, into
@@ -161,7 +166,7 @@ func (c *shipmentCatalog) get(partition, key string) (Shipment, error) {
 	}
 	s, ok := c.byPart[partition][key]
 	if !ok {
-		return Shipment{}, &os.PathError{Op: "shipment", Path: filepath.Join(c.root(), partition+keyLogExt) + ": " + key, Err: os.ErrNotExist}
+		return Shipment{}, &os.PathError{Op: "shipment", Path: c.logPath(partition) + ": " + key, Err: os.ErrNotExist}
 	}
 	return expandShipment(partition, s), nil
 }
