@@ -4,29 +4,58 @@ import (
 	"fmt"
 	"net"
 	"os"
+	"os/signal"
+	"sync"
+	"syscall"
 )
 
 // Undo is what a benchmark undoes on its way out, newest first, also
-// when a step fails: brokers, mounts, servers and the file system they
-// run on. Fail and Check exit without running deferred calls, so all
-// clean-up goes through it.
+// when a step fails or the benchmark is interrupted (SIGINT, SIGTERM):
+// brokers, mounts, servers and the file system they run on. Fail and
+// Check exit without running deferred calls, so all clean-up goes
+// through it.
 type Undo struct {
-	name string // the benchmark, for messages
-	fns  []func()
+	name  string     // the benchmark, for messages
+	runMu sync.Mutex // held while Run undoes: an interrupt meanwhile exits after it
+	mu    sync.Mutex
+	fns   []func() // GUARDED_BY(mu)
 }
 
-// NewUndo starts an empty Undo for the benchmark name.
-func NewUndo(name string) *Undo { return &Undo{name: name} }
+// NewUndo starts an empty Undo for the benchmark name. An interrupt
+// undoes what was pushed and exits 1: a benchmark killed half-way
+// (pkill, ^C) leaves no mount, broker or server behind.
+func NewUndo(name string) *Undo {
+	u := &Undo{name: name}
+	sig := make(chan os.Signal, 1)
+	signal.Notify(sig, os.Interrupt, syscall.SIGTERM)
+	go func() {
+		s := <-sig
+		fmt.Fprintf(os.Stderr, "%s: %v: undoing what it set up\n", name, s)
+		u.Run()
+		os.Exit(1)
+	}()
+	return u
+}
 
 // Push adds a step to undo.
-func (u *Undo) Push(f func()) { u.fns = append(u.fns, f) }
+func (u *Undo) Push(f func()) {
+	u.mu.Lock()
+	defer u.mu.Unlock()
+	u.fns = append(u.fns, f)
+}
 
-// Run undoes everything pushed so far, newest first.
+// Run undoes everything pushed so far, newest first; each step once,
+// whoever calls it (the benchmark, or an interrupt meanwhile).
 func (u *Undo) Run() {
-	for i := len(u.fns) - 1; i >= 0; i-- {
-		u.fns[i]()
-	}
+	u.runMu.Lock()
+	defer u.runMu.Unlock()
+	u.mu.Lock()
+	fns := u.fns
 	u.fns = nil
+	u.mu.Unlock()
+	for i := len(fns) - 1; i >= 0; i-- {
+		fns[i]()
+	}
 }
 
 // Fail undoes everything and exits 1 with err.
