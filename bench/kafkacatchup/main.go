@@ -33,6 +33,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/tierfs/tierfs/bench/internal/benchutil"
+	"github.com/tierfs/tierfs/chunkxfer/store/s3test"
 	"github.com/tierfs/tierfs/e2e/kafka"
 	"github.com/tierfs/tierfs/internal/procmem"
 )
@@ -40,12 +41,15 @@ import (
 const topic = "catchup"
 
 type setup struct {
-	plain   bool // a broker on a plain directory: no mount
-	kip405  bool // Kafka's own tiered storage on a plain directory: no mount
-	budget  string
-	build   string // "A" (-tierfs) or "B" (-tierfs-b); "" without -tierfs-b
-	bin     string
-	a       *setup // for a build B, the build A of its budget
+	plain  bool // a broker on a plain directory: no mount
+	kip405 bool // Kafka's own tiered storage on a plain directory: no mount
+	budget string
+	build  string // "A" (-tierfs) or "B" (-tierfs-b); "" without -tierfs-b
+	bin    string
+	a      *setup // for a build B, the build A of its budget
+	// wake is the FUSE module's wake_here for this setup's consumes
+	// ("": as the machine has it; see -wake-here-b).
+	wake    string
 	budgetB int64
 	logDir  string
 	pid     int
@@ -110,6 +114,8 @@ func main() {
 	warmup := flag.Bool("warmup", true, "consume everything once on each broker before the measured runs, not measured (the first consume after producing is slower for whichever broker goes first)")
 	heap := flag.String("heap", "2g", "each broker's largest Java heap (-Xmx): Kafka's tiered storage ran out of 768m at 1,000 partitions, and a broker near its limit spends a core collecting")
 	pause := flag.Bool("pause-others", true, "stop the other brokers (SIGSTOP) while one is consumed from, so that their background work (KIP-405's tasks for every partition, say) does not take the two cores from the one measured")
+	storeKind := flag.String("store", "dir", "the mounts' store: dir (a directory in the work directory) or s3 (versitygw on 127.0.0.1, started here, a bucket per mount; its data in the work directory)")
+	wakeB := flag.String("wake-here-b", "", "with -tierfs-b: the FUSE module's wake_here (N or Y) while build B is consumed from, the machine's own value for the others (-tierfs-b may be the same binary as -tierfs)")
 	flag.Parse()
 	u := benchutil.NewUndo("bench-kafkacatchup")
 	defer u.Run()
@@ -121,6 +127,27 @@ func main() {
 	segBytes, err := benchutil.ParseSize(*segmentBytes)
 	u.Check(err)
 	dir, where := benchutil.WorkDir(u, os.TempDir(), "", 0)
+	// remoteOf is mount i's --remote, and storeEnv its keys.
+	remoteOf := func(i int) string { return "file://" + filepath.Join(dir, fmt.Sprint(i), "remote") }
+	var storeEnv []string
+	storeName := "a dir store"
+	switch *storeKind {
+	case "dir":
+	case "s3":
+		srv, err := s3test.Start(filepath.Join(dir, "s3"))
+		u.Check(err)
+		u.Push(srv.Stop)
+		storeEnv = []string{"TIERFS_S3_ACCESS_KEY=" + srv.AccessKey, "TIERFS_S3_SECRET_KEY=" + srv.SecretKey}
+		remoteOf = func(i int) string {
+			bucket := fmt.Sprintf("catchup%d", i)
+			_, err := srv.NewStore(context.Background(), bucket, "")
+			u.Check(err)
+			return "s3://" + bucket + "/kafka?endpoint=" + srv.Endpoint
+		}
+		storeName = "versitygw on 127.0.0.1 (a bucket per mount)"
+	default:
+		u.Fail(fmt.Errorf("-store %q: dir or s3", *storeKind))
+	}
 	props := map[string]string{"log.segment.bytes": fmt.Sprint(segBytes)}
 	if *pause {
 		// A broker and its controller are one process: paused for
@@ -140,7 +167,19 @@ func main() {
 		b2, err := filepath.Abs(*binB)
 		u.Check(err)
 		a := &setup{budget: b, build: "A", bin: tierfsBin}
-		setups = append(setups, a, &setup{budget: b, build: "B", bin: b2, a: a})
+		setups = append(setups, a, &setup{budget: b, build: "B", bin: b2, a: a, wake: *wakeB})
+	}
+	if *wakeB != "" {
+		orig := benchutil.FUSEParam("wake_here")
+		if orig == "" || *binB == "" {
+			u.Fail(fmt.Errorf("-wake-here-b needs -tierfs-b and a kernel whose FUSE module has wake_here"))
+		}
+		u.Push(func() { benchutil.SetFUSEParam("wake_here", orig) })
+		for _, su := range setups {
+			if su.mounted() && su.wake == "" {
+				su.wake = orig
+			}
+		}
 	}
 	if *plain {
 		setups = append(setups, &setup{plain: true})
@@ -163,8 +202,8 @@ func main() {
 			u.Check(os.MkdirAll(backing, 0o755))
 			su.metrics, err = benchutil.FreeAddr()
 			u.Check(err)
-			stop, pid, err := benchutil.MountProc(su.bin, filepath.Join(dir, fmt.Sprint(i), "tierfs.log"), nil,
-				"--backing", backing, "--remote", "file://"+filepath.Join(dir, fmt.Sprint(i), "remote"), "--ship-after", "1s",
+			stop, pid, err := benchutil.MountProc(su.bin, filepath.Join(dir, fmt.Sprint(i), "tierfs.log"), storeEnv,
+				"--backing", backing, "--remote", remoteOf(i), "--ship-after", "1s",
 				"--local-retention-bytes", "1", "--tier-interval", "500ms", "--cache-bytes", b, "--metrics-listen", su.metrics, su.logDir)
 			u.Check(err)
 			u.Push(stop)
@@ -300,8 +339,8 @@ func main() {
 	rep := benchutil.Report{
 		Name:  "kafkacatchup",
 		Title: "Kafka consumer catching up from offset 0, every rolled segment evicted",
-		Notes: []string{fmt.Sprintf("Kafka %s broker (KRaft, one node, -Xmx%s) on a tierfs mount with a dir store in %s, one broker and mount per --cache-bytes (and, with -plain, a broker on a plain directory in the same file system), measured in turn in an order that rotates, %s, after one consume of everything on each that is not measured (-warmup); a topic of %d partitions, %d MiB of 1 KB records each, log.segment.bytes %s; one consumer (franz-go, a group of its own) reads every partition from offset 0 with the page cache dropped, so every rolled segment comes from the store (and, on the plain directory, from the disk); × plain: the median of per-run ratios of the consume rate to the plain directory's; × A (with -tierfs-b, a mount of a second build beside each budget's): the median of per-run ratios of build B's consume rate to build A's; peak RSS is the mount's VmHWM during the consume; medians of %d runs; %s.%s",
-			kafka.Version(), *heap, where, pauseNote, *partitions, *mib, *segmentBytes, *runs, benchutil.Machine(), kipNote)},
+		Notes: []string{fmt.Sprintf("Kafka %s broker (KRaft, one node, -Xmx%s) on a tierfs mount with %s, in %s, one broker and mount per --cache-bytes (and, with -plain, a broker on a plain directory in the same file system), measured in turn in an order that rotates, %s, after one consume of everything on each that is not measured (-warmup); a topic of %d partitions, %d MiB of 1 KB records each, log.segment.bytes %s; one consumer (franz-go, a group of its own) reads every partition from offset 0 with the page cache dropped, so every rolled segment comes from the store (and, on the plain directory, from the disk); × plain: the median of per-run ratios of the consume rate to the plain directory's; × A (with -tierfs-b, a mount of a second build beside each budget's): the median of per-run ratios of build B's consume rate to build A's; peak RSS is the mount's VmHWM during the consume; medians of %d runs; %s.%s",
+			kafka.Version(), *heap, storeName, where, pauseNote, *partitions, *mib, *segmentBytes, *runs, benchutil.Machine(), kipNote)},
 		Header:   []string{"--cache-bytes", "consume MB/s", "× plain", "× KIP-405", "× A", "peak RSS of tierfs, MiB", "× (budget + 64 MiB)", "bytes fetched per byte consumed"},
 		Versions: map[string]string{"Kafka": kafka.Version()},
 	}
@@ -325,6 +364,9 @@ func main() {
 			fmt.Sprintf("%.2f", rss/float64((su.budgetB>>20)+64)), fmt.Sprintf("%.2f", benchutil.Median(su.amp))})
 	}
 	u.Run()
+	if *wakeB != "" {
+		rep.Notes = append(rep.Notes, fmt.Sprintf("Build B was consumed from with the FUSE module's wake_here set to %s (/sys/module/fuse/parameters/wake_here, a setting of the machine), the other mounts with the machine's own value.", *wakeB))
+	}
 	if err := rep.Emit(); err != nil {
 		fmt.Fprintln(os.Stderr, err)
 		os.Exit(1)
@@ -391,6 +433,11 @@ func timedConsume(br *kafka.Broker, n int) (bytes int64, mbps float64, err error
 // cores, and an idle broker is not idle (Kafka's tiered storage runs
 // tasks for every partition every 30 s).
 func consumeAlone(setups []*setup, su *setup, pause bool, n int) (bytes int64, mbps, others float64, err error) {
+	if su.wake != "" {
+		if err := benchutil.SetFUSEParam("wake_here", su.wake); err != nil {
+			return 0, 0, 0, err
+		}
+	}
 	var rest []*setup
 	for _, o := range setups {
 		if o != su {

@@ -44,6 +44,7 @@ func main() {
 	warm := flag.Bool("warm", false, "keep the page cache between starts (a restart on a running machine) instead of dropping it (a start after a reboot)")
 	perfDir := flag.String("perf", "", "if set, record each start system-wide with perf record -a -g into this directory (run-N-CONFIG.data)")
 	recovery := flag.Int("recovery-threads", 2, "the broker's num.recovery.threads.per.data.dir, the same in every configuration (2 is Kafka's default): the threads that load the logs at a start")
+	wakeHere := flag.String("wake-here", "", "if set, the FUSE module's wake_here values to start each tiered configuration with, comma-separated (e.g. N,Y: each tiered mount twice, once with each); the plain directory is not a FUSE mount")
 	fsType := flag.String("fs", "ext4", "run on a fresh file system of this type (mkfs.TYPE on a loop device, as root); \"\" for a directory in $TMPDIR")
 	flag.Parse()
 
@@ -80,8 +81,11 @@ func main() {
 	fmt.Fprintf(os.Stderr, "made %d segments (%.0f MB of .log) in %v\n", segs, float64(bytes)/1e6, time.Since(t0).Round(time.Second))
 
 	type config struct {
-		name    string
-		short   string // in file names
+		name  string
+		short string // in file names
+		// wake is the FUSE module's wake_here for this configuration's
+		// starts ("": as the machine has it).
+		wake    string
 		logDir  string
 		backing string
 		metrics string // the tiered mount's metrics address
@@ -97,6 +101,28 @@ func main() {
 		ops, opSeconds map[string]float64
 	}
 	configs := []*config{{name: "plain directory", short: "plain", logDir: plain}}
+	// withWake is cfg once for each -wake-here value: the same mount,
+	// started with the FUSE module's wake_here set to it.
+	withWake := func(cfg *config, values string) []*config {
+		if values == "" {
+			return []*config{cfg}
+		}
+		var out []*config
+		for _, v := range strings.Split(values, ",") {
+			c := *cfg
+			c.name, c.short, c.wake = fmt.Sprintf("%s, wake_here=%s", cfg.name, v), cfg.short+"-wake"+v, v
+			c.ops, c.opSeconds = map[string]float64{}, map[string]float64{}
+			out = append(out, &c)
+		}
+		return out
+	}
+	if *wakeHere != "" {
+		orig := benchutil.FUSEParam("wake_here")
+		if orig == "" {
+			u.Fail(fmt.Errorf("-wake-here: this kernel's FUSE module has no wake_here parameter"))
+		}
+		u.Push(func() { benchutil.SetFUSEParam("wake_here", orig) })
+	}
 	for i, c := range []struct {
 		name, short string
 		remote      bool
@@ -117,7 +143,7 @@ func main() {
 		stop, err := benchutil.Mount(tierfsBin, filepath.Join(base, "tierfs.log"), nil, append(args, mnt)...)
 		check(err)
 		u.Push(stop)
-		configs = append(configs, cfg)
+		configs = append(configs, withWake(cfg, *wakeHere)...)
 		if c.remote {
 			fmt.Fprintln(os.Stderr, "waiting for every rolled segment to be evicted")
 			t0 := time.Now()
@@ -136,6 +162,9 @@ func main() {
 			if c.metrics != "" {
 				before = costOf(c.metrics, c.backing)
 				opsBefore, secsBefore = fuseOps(c.metrics)
+			}
+			if c.wake != "" {
+				check(benchutil.SetFUSEParam("wake_here", c.wake))
 			}
 			if !*warm {
 				benchutil.DropCaches()
@@ -185,8 +214,8 @@ func main() {
 	rep := benchutil.Report{
 		Name:  "kafkastart",
 		Title: "A Kafka broker's start-up with many segments",
-		Notes: []string{fmt.Sprintf("Kafka %s broker (KRaft, one node), one topic of %d partitions with %d segments (%.0f MB of .log) that the broker wrote itself (segments rolled by segment.ms) and then stopped cleanly; the same log dir copied to each configuration. One broker is pointed at each in turn, in an order that rotates, %s; a start is timed from the process's start to \"Kafka Server started\", then the broker stops cleanly; num.recovery.threads.per.data.dir=%d in every configuration. Medians of %d starts; × plain and × mount: median of per-run ratios to the plain directory and to tierfs without a remote. On %s; %s.",
-			kafka.Version(), *partitions, segs, float64(bytes)/1e6, cacheNote, *recovery, *runs, where, benchutil.Machine())},
+		Notes: []string{fmt.Sprintf("Kafka %s broker (KRaft, one node), one topic of %d partitions with %d segments (%.0f MB of .log) that the broker wrote itself (segments rolled by segment.ms) and then stopped cleanly; the same log dir copied to each configuration. One broker is pointed at each in turn, in an order that rotates, %s; a start is timed from the process's start to \"Kafka Server started\", then the broker stops cleanly; num.recovery.threads.per.data.dir=%d in every configuration. Medians of %d starts; × plain and × mount: median of per-run ratios to the plain directory and to tierfs without a remote (the first such row). On %s; %s.%s",
+			kafka.Version(), *partitions, segs, float64(bytes)/1e6, cacheNote, *recovery, *runs, where, benchutil.Machine(), wakeNote(*wakeHere))},
 		Header:   []string{"configuration", "start-up, s", "× plain", "× mount", "loading the logs, s", "× plain", "the rest, s", "moves", "bytes hydrated", "bytes fetched", "local bytes grew by"},
 		Versions: map[string]string{"Kafka": kafka.Version()},
 	}
@@ -238,6 +267,14 @@ func main() {
 		fmt.Fprintln(os.Stderr, "bench-kafka-start:", err)
 		os.Exit(1)
 	}
+}
+
+// wakeNote says what -wake-here did, for the report's notes.
+func wakeNote(values string) string {
+	if values == "" {
+		return fmt.Sprintf(" The FUSE module's wake_here was %q throughout.", benchutil.FUSEParam("wake_here"))
+	}
+	return fmt.Sprintf(" Each tiered mount was started once per run with each of the FUSE module's wake_here values %s (/sys/module/fuse/parameters/wake_here, set just before its start; a setting of the machine, not of the mount).", values)
 }
 
 // startPerf records the whole machine with perf into dir/name until the

@@ -291,3 +291,22 @@ func LocalSegments(dir string) int {
 	m, _ := filepath.Glob(filepath.Join(dir, "*.log"))
 	return len(m)
 }
+
+// fuseParams is where the kernel's FUSE module shows its parameters.
+const fuseParams = "/sys/module/fuse/parameters"
+
+// FUSEParam is the value of the FUSE module's parameter name (such as
+// wake_here), "" when this kernel has none by that name.
+func FUSEParam(name string) string {
+	b, err := os.ReadFile(filepath.Join(fuseParams, name))
+	if err != nil {
+		return ""
+	}
+	return strings.TrimSpace(string(b))
+}
+
+// SetFUSEParam sets the FUSE module's parameter name for every FUSE
+// mount of the machine (root only).
+func SetFUSEParam(name, value string) error {
+	return os.WriteFile(filepath.Join(fuseParams, name), []byte(value), 0)
+}
