@@ -321,7 +321,6 @@ func TestReadersInLongRoundsFetchWhatTheyRead(t *testing.T) {
 				keys, want := blockObjects(t, b.s, "rounds/", readers, 2*cs+cs/3, cs, bs, 400)
 				pool, _ := NewPool(budget*cs, nil)
 				defer pool.Close()
-				pool.turnPiece = cs / 8 // a turn, as 1 MiB is of 8 MiB chunks
 				tick := fakeClock(pool)
 				rds := openReaders(t, b.s, keys, pool, ReaderOptions{ReadAhead: 4})
 				got := make([][]byte, readers)
@@ -384,54 +383,5 @@ func TestManyReadersFirstReadAndReadAhead(t *testing.T) {
 	}
 	if u := pool.Usage(); u.ReadAhead != 0 {
 		t.Fatalf("read ahead with no room for it: %+v", u)
-	}
-}
-
-// TestReadersInTurnsGetTurnSizedPieces: readers in turns whose share of
-// the memory is less than a block still get pieces of at least the
-// pool's turnPiece (DefaultTurnPiece: a consumer's turn), so a turn of
-// four blocks is one or two GETs rather than four or five; every byte
-// read is the object's. Measured from the second round: a reader is in
-// turns once it has paused.
-func TestReadersInTurnsGetTurnSizedPieces(t *testing.T) {
-	for _, b := range backends(t) {
-		if b.chunk > 64<<10 {
-			continue // 24 objects of S3's 5 MiB parts: the same code, slowly
-		}
-		t.Run(b.name, func(t *testing.T) {
-			cs := b.chunk
-			bs := cs / 16
-			const readers = 24
-			keys, want := blockObjects(t, b.s, "turnpieces/", readers, 2*cs+cs/3, cs, bs, 500)
-			gets := map[int64]int64{}
-			for _, floor := range []int64{0, cs / 4} {
-				pool, _ := NewPool(2*cs, nil) // far less than a block a reader
-				defer pool.Close()
-				pool.turnPiece = floor
-				tick := fakeClock(pool)
-				rds := openReaders(t, b.s, keys, pool, ReaderOptions{ReadAhead: 4})
-				got := make([][]byte, readers)
-				var first int64
-				rounds := 0
-				read := readInTurns(t, rds, got, int(cs/4), func(int64) {
-					waitIdle(t, pool)
-					tick(time.Second) // a round of 24 s
-				}, func(int64) {
-					if rounds++; rounds == 1 {
-						first = pool.stats.Misses.Load()
-					}
-				})
-				for i, k := range keys {
-					if !bytes.Equal(got[i], want[k]) {
-						t.Fatalf("least piece %d: reader %d read %d bytes, not its object's %d", floor, i, len(got[i]), len(want[k]))
-					}
-				}
-				gets[floor] = pool.stats.Misses.Load() - first
-				t.Logf("least piece %d: %d bytes read, %d fetched, %d GETs after the first round", floor, read, pool.stats.FetchedBytes.Load(), gets[floor])
-			}
-			if gets[cs/4]*2 > gets[0] {
-				t.Fatalf("GETs after the first round: %d with pieces of at least a turn, %d without: want at most half", gets[cs/4], gets[0])
-			}
-		})
 	}
 }
