@@ -174,11 +174,11 @@ func main() {
 		setups = append(setups, a, &setup{budget: b, build: "B", bin: b2, a: a, wake: *wakeB})
 	}
 	if *wakeB != "" {
-		orig := benchutil.FUSEParam("wake_here")
-		if orig == "" || *binB == "" {
-			u.Fail(fmt.Errorf("-wake-here-b needs -tierfs-b and a kernel whose FUSE module has wake_here"))
+		if *binB == "" {
+			u.Fail(fmt.Errorf("-wake-here-b needs -tierfs-b"))
 		}
-		u.Push(func() { benchutil.SetFUSEParam("wake_here", orig) })
+		orig, err := benchutil.KeepFUSEParam(u, "wake_here")
+		u.Check(err)
 		for _, su := range setups {
 			if su.mounted() && su.wake == "" {
 				su.wake = orig

@@ -117,11 +117,8 @@ func main() {
 		return out
 	}
 	if *wakeHere != "" {
-		orig := benchutil.FUSEParam("wake_here")
-		if orig == "" {
-			u.Fail(fmt.Errorf("-wake-here: this kernel's FUSE module has no wake_here parameter"))
-		}
-		u.Push(func() { benchutil.SetFUSEParam("wake_here", orig) })
+		_, err := benchutil.KeepFUSEParam(u, "wake_here")
+		check(err)
 	}
 	for i, c := range []struct {
 		name, short string

@@ -305,6 +305,18 @@ func FUSEParam(name string) string {
 	return strings.TrimSpace(string(b))
 }
 
+// KeepFUSEParam returns the FUSE module's parameter name as it is now,
+// and pushes to u setting it back to that on the way out; an error when
+// this kernel has no such parameter.
+func KeepFUSEParam(u *Undo, name string) (string, error) {
+	orig := FUSEParam(name)
+	if orig == "" {
+		return "", fmt.Errorf("this kernel's FUSE module has no parameter %s", name)
+	}
+	u.Push(func() { SetFUSEParam(name, orig) })
+	return orig, nil
+}
+
 // SetFUSEParam sets the FUSE module's parameter name for every FUSE
 // mount of the machine (root only).
 func SetFUSEParam(name, value string) error {
