@@ -321,6 +321,7 @@ func TestReadersInLongRoundsFetchWhatTheyRead(t *testing.T) {
 				keys, want := blockObjects(t, b.s, "rounds/", readers, 2*cs+cs/3, cs, bs, 400)
 				pool, _ := NewPool(budget*cs, nil)
 				defer pool.Close()
+				pool.turnPiece = cs / 8 // a turn, as 1 MiB is of 8 MiB chunks
 				tick := fakeClock(pool)
 				rds := openReaders(t, b.s, keys, pool, ReaderOptions{ReadAhead: 4})
 				got := make([][]byte, readers)
@@ -383,5 +384,102 @@ func TestManyReadersFirstReadAndReadAhead(t *testing.T) {
 	}
 	if u := pool.Usage(); u.ReadAhead != 0 {
 		t.Fatalf("read ahead with no room for it: %+v", u)
+	}
+}
+
+// TestReadersInTurnsGetTurnSizedPieces: readers in turns whose share of
+// the memory is less than a block still get pieces of at least the
+// pool's turnPiece (DefaultTurnPiece: a consumer's turn), so a turn of
+// four blocks is one or two GETs rather than four or five; every byte
+// read is the object's. Measured from the second round: a reader is in
+// turns once it has paused.
+func TestReadersInTurnsGetTurnSizedPieces(t *testing.T) {
+	for _, b := range backends(t) {
+		if b.chunk > 64<<10 {
+			continue // 24 objects of S3's 5 MiB parts: the same code, slowly
+		}
+		t.Run(b.name, func(t *testing.T) {
+			cs := b.chunk
+			bs := cs / 16
+			const readers = 24
+			keys, want := blockObjects(t, b.s, "turnpieces/", readers, 2*cs+cs/3, cs, bs, 500)
+			gets := map[int64]int64{}
+			for _, floor := range []int64{0, cs / 4} {
+				pool, _ := NewPool(2*cs, nil) // far less than a block a reader
+				defer pool.Close()
+				pool.turnPiece = floor
+				tick := fakeClock(pool)
+				rds := openReaders(t, b.s, keys, pool, ReaderOptions{ReadAhead: 4})
+				got := make([][]byte, readers)
+				var first int64
+				rounds := 0
+				read := readInTurns(t, rds, got, int(cs/4), func(int64) {
+					waitIdle(t, pool)
+					tick(time.Second) // a round of 24 s
+				}, func(int64) {
+					if rounds++; rounds == 1 {
+						first = pool.stats.Misses.Load()
+					}
+				})
+				for i, k := range keys {
+					if !bytes.Equal(got[i], want[k]) {
+						t.Fatalf("least piece %d: reader %d read %d bytes, not its object's %d", floor, i, len(got[i]), len(want[k]))
+					}
+				}
+				gets[floor] = pool.stats.Misses.Load() - first
+				t.Logf("least piece %d: %d bytes read, %d fetched, %d GETs after the first round", floor, read, pool.stats.FetchedBytes.Load(), gets[floor])
+			}
+			if gets[cs/4]*2 > gets[0] {
+				t.Fatalf("GETs after the first round: %d with pieces of at least a turn, %d without: want at most half", gets[cs/4], gets[0])
+			}
+		})
+	}
+}
+
+// TestTurnPiecesOnlyWhileFewRead: a reader in turns gets pieces of at
+// least turnPiece only while such a piece for every read in progress
+// fits in a quarter of the room. Hundreds of readers reading at once
+// whose reads waited for memory also look as if they paused between
+// turns; with turn-sized pieces they fetched each piece several times
+// (bench/tierload, 1,000 readers: 4.29 bytes fetched per byte read).
+func TestTurnPiecesOnlyWhileFewRead(t *testing.T) {
+	const cs, bs = 64 << 10, 4 << 10
+	m := store.NewMem(nil)
+	keys, wants := blockObjects(t, m, "f", 1, 8*cs, cs, bs, 11)
+	pool, _ := NewPool(8*cs, nil)
+	defer pool.Close()
+	pool.turnPiece = cs / 4
+	var rds []*Reader
+	for range 64 {
+		rd, _ := NewReader(context.Background(), m, keys[0], pool, ReaderOptions{})
+		defer rd.Close()
+		readRange(t, rd, 0, 100, wants[keys[0]])
+		rds = append(rds, rd)
+	}
+	size := func(r *Reader, turn time.Duration, reading int64) int64 {
+		pool.mu.Lock()
+		defer pool.mu.Unlock()
+		r.turn = turn
+		pool.reading.Add(reading)
+		defer pool.reading.Add(-reading)
+		w, _ := pool.pieceSize(r)
+		return w
+	}
+	for _, c := range []struct {
+		turn    time.Duration
+		reading int64
+		want    int64
+		why     string
+	}{
+		{0, 1, bs, "not in turns: a block (8 chunks / (4 × 64 readers) is less)"},
+		{time.Second, 1, cs / 4, "in turns, one read in progress: a turn's piece"},
+		{time.Second, 8, cs / 4, "in turns, 8 reads in progress (8 × 4 turn pieces is the room)"},
+		{time.Second, 9, bs, "in turns, 9 reads in progress: no room for a turn's piece each"},
+		{time.Second, 31, bs, "in turns, 31 of 64 reading"},
+		{time.Second, 32, cs, "half of the readers reading: whole chunks"},
+	} {
+		if w := size(rds[0], c.turn, c.reading); w != c.want {
+			t.Errorf("%s: pieces of %d, want %d", c.why, w, c.want)
+		}
 	}
 }
