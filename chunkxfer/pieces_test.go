@@ -483,3 +483,43 @@ func TestTurnPiecesOnlyWhileFewRead(t *testing.T) {
 		}
 	}
 }
+
+// TestAPassStartGetsNoTurnPiece: a reader in turns that starts a pass at
+// offset 0 (a broker looking for a batch at a segment's start, seconds
+// before it sends the partition) fetches a piece of its share there,
+// not a turn's: the turn's piece was evicted before the partition was
+// sent, and fetched again. Its reads in order after that get turn
+// pieces.
+func TestAPassStartGetsNoTurnPiece(t *testing.T) {
+	const cs, bs = 64 << 10, 4 << 10
+	m := store.NewMem(nil)
+	keys, wants := blockObjects(t, m, "s", 2, 2*cs, cs, bs, 13)
+	pool, _ := NewPool(8*cs, nil)
+	defer pool.Close()
+	pool.turnPiece = cs / 4
+	for range 64 { // 64 readers of keys[0]: a share far below a block
+		rd, _ := NewReader(context.Background(), m, keys[0], pool, ReaderOptions{})
+		defer rd.Close()
+		readRange(t, rd, 0, 100, wants[keys[0]])
+	}
+	rd, _ := NewReader(context.Background(), m, keys[1], pool, ReaderOptions{})
+	defer rd.Close()
+	pool.mu.Lock()
+	rd.turn = time.Second // in turns
+	pool.mu.Unlock()
+	fetched := func(read func()) int64 {
+		waitIdle(t, pool)
+		before := pool.stats.FetchedBytes.Load()
+		read()
+		waitIdle(t, pool)
+		return pool.stats.FetchedBytes.Load() - before
+	}
+	if n := fetched(func() { readRange(t, rd, 0, 100, wants[keys[1]]) }); n != bs {
+		t.Fatalf("a pass's start fetched %d bytes, want a block (%d)", n, bs)
+	}
+	// In order past the turn piece that would hold the block (the
+	// pieces around a piece in the table are made smaller).
+	if n := fetched(func() { readRange(t, rd, cs/4, bs, wants[keys[1]]) }); n != cs/4 {
+		t.Fatalf("a read in order after it fetched %d bytes, want a turn's piece (%d)", n, cs/4)
+	}
+}

@@ -316,7 +316,7 @@ func (p *Pool) get(ctx context.Context, id chunkID, n int64, f fetcher) (Pin, er
 func (p *Pool) prefetch(r *Reader, pos int64) (end int64, ok bool) {
 	p.mu.Lock()
 	defer p.mu.Unlock()
-	id, in := p.pieceAt(r, pos)
+	id, in := p.pieceAt(r, pos, true)
 	n := r.pieceLen(id)
 	if in {
 		return id.start() + n, true
@@ -438,7 +438,15 @@ func (p *Pool) trimActive() {
 // with whole chunks each turn fetched a chunk evicted before the
 // reader's next turn: four times the bytes read (bench/kafkacatchup).
 // A piece is checked against its blocks' CRC32Cs. GUARDED_BY(mu).
-func (p *Pool) pieceSize(r *Reader) (w int64, fits bool) {
+func (p *Pool) pieceSize(r *Reader) (w int64, fits bool) { return p.pieceSizeOf(r, true) }
+
+// pieceSizeOf is pieceSize, without turnPiece unless turn: a read that
+// starts a pass at offset 0 is the broker looking for a batch at a
+// segment's start (its header, 4 or 16 KiB), seconds before it sends
+// the partition; a turn's megabyte fetched for it was evicted before
+// that and fetched again (bench/kafkacatchup: 3 GETs and 1.5 bytes
+// fetched per byte consumed for each 2 MiB segment). GUARDED_BY(mu).
+func (p *Pool) pieceSizeOf(r *Reader, turn bool) (w int64, fits bool) {
 	m := r.m
 	w = m.ChunkSize
 	if m.Blocks() == 0 {
@@ -451,7 +459,7 @@ func (p *Pool) pieceSize(r *Reader) (w int64, fits bool) {
 	}
 	share := p.room / (4 * readers)
 	least := int64(0)
-	if r.turn > 0 && p.turnPiece <= p.room/(4*max(1, p.reading.Load())) {
+	if turn && r.turn > 0 && p.turnPiece <= p.room/(4*max(1, p.reading.Load())) {
 		// A reader in turns reads a turn's worth at a time: pieces
 		// smaller than that only cost it more requests (see
 		// DefaultTurnPiece), as long as such a piece for every read
@@ -493,18 +501,19 @@ func (p *Pool) tight(r *Reader) bool {
 }
 
 // pieceAt is the chunk or piece of r's object that holds pos: one in
-// the table (in reports it), else a new one of the size reads get now,
+// the table (in reports it), else a new one of the size reads get now
+// (pieceSizeOf with turn),
 // or smaller where that would hold bytes a piece in the table holds.
 // Pieces are a chunk halved, so two of them are nested or apart: one
 // that holds pos is found by its size; one the new piece would hold is
 // smaller than it. Without that, readers whose piece size changed (the
 // number of readers crossed a power of two) would fetch bytes again.
 // GUARDED_BY(mu).
-func (p *Pool) pieceAt(r *Reader, pos int64) (id chunkID, in bool) {
+func (p *Pool) pieceAt(r *Reader, pos int64, turn bool) (id chunkID, in bool) {
 	if id, in := p.holder(r, pos); in {
 		return id, true
 	}
-	w, _ := p.pieceSize(r)
+	w, _ := p.pieceSizeOf(r, turn)
 	for {
 		half, ok := r.m.halfPiece(w)
 		if !ok || !p.holdsPieces(r, r.pieceID(w, pos), half) {
@@ -747,7 +756,7 @@ const (
 // allows.
 func (p *Pool) read(ctx context.Context, r *Reader, pos int64, mode readMode) (Pin, int64, error) {
 	p.mu.Lock()
-	id, _ := p.pieceAt(r, pos)
+	id, _ := p.pieceAt(r, pos, mode != readStart)
 	start := id.start()
 	switch {
 	case mode == readStart:
