@@ -426,8 +426,8 @@ func (p *Pool) trimActive() {
 // fit in half the budget (the other half is slack: reads in flight,
 // pieces just read, readers that came since), but not below turnPiece
 // for a reader in turns while such a piece for every read in progress
-// fits in a quarter of the room. fits is false when even the smallest piece (a
-// block, or turnPiece) is too large for that.
+// fits in a quarter of the room. fits is false when even the smallest
+// piece (a block, or turnPiece) is too large for that.
 //
 // Readers that all read at once each read the chunk they hold to its
 // end (their claims keep it), so whole chunks cost nothing twice; with
@@ -463,10 +463,10 @@ func (p *Pool) pieceSizeOf(r *Reader, turn bool) (w int64, fits bool) {
 		// A reader in turns reads a turn's worth at a time: pieces
 		// smaller than that only cost it more requests (see
 		// DefaultTurnPiece), as long as such a piece for every read
-		// in progress fits in a quarter of the room. A reader that
-		// only seems to be in turns (it paused because its reads
-		// waited for memory, with hundreds of others) fetched pieces
-		// of a turn evicted before it read them.
+		// in progress fits in a quarter of the room: readers that
+		// only seem to be in turns (they paused because their reads
+		// waited for memory, hundreds of them) would get far more
+		// than the memory holds.
 		least = p.turnPiece
 	}
 	for w > share && w/2 >= least {
@@ -502,8 +502,8 @@ func (p *Pool) tight(r *Reader) bool {
 
 // pieceAt is the chunk or piece of r's object that holds pos: one in
 // the table (in reports it), else a new one of the size reads get now
-// (pieceSizeOf with turn),
-// or smaller where that would hold bytes a piece in the table holds.
+// (pieceSizeOf; turn says whether a turn piece may apply), or smaller
+// where that would hold bytes a piece in the table holds.
 // Pieces are a chunk halved, so two of them are nested or apart: one
 // that holds pos is found by its size; one the new piece would hold is
 // smaller than it. Without that, readers whose piece size changed (the
