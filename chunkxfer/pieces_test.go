@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"path/filepath"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -439,23 +440,11 @@ func TestReadersInTurnsGetTurnSizedPieces(t *testing.T) {
 // TestTurnPiecesOnlyWhileFewRead: a reader in turns gets pieces of at
 // least turnPiece only while such a piece for every read in progress
 // fits in a quarter of the room. Hundreds of readers reading at once
-// whose reads waited for memory also look as if they paused between
-// turns; with turn-sized pieces they fetched each piece several times
-// (bench/tierload, 1,000 readers: 4.29 bytes fetched per byte read).
+// whose reads wait for memory also look as if they paused between
+// turns; a turn's piece each would be far more than the memory holds.
 func TestTurnPiecesOnlyWhileFewRead(t *testing.T) {
 	const cs, bs = 64 << 10, 4 << 10
-	m := store.NewMem(nil)
-	keys, wants := blockObjects(t, m, "f", 1, 8*cs, cs, bs, 11)
-	pool, _ := NewPool(8*cs, nil)
-	defer pool.Close()
-	pool.turnPiece = cs / 4
-	var rds []*Reader
-	for range 64 {
-		rd, _ := NewReader(context.Background(), m, keys[0], pool, ReaderOptions{})
-		defer rd.Close()
-		readRange(t, rd, 0, 100, wants[keys[0]])
-		rds = append(rds, rd)
-	}
+	_, _, _, pool, rds := crowdedPool(t, 1, 8*cs, cs, bs, 11)
 	size := func(r *Reader, turn time.Duration, reading int64) int64 {
 		pool.mu.Lock()
 		defer pool.mu.Unlock()
@@ -492,16 +481,7 @@ func TestTurnPiecesOnlyWhileFewRead(t *testing.T) {
 // pieces.
 func TestAPassStartGetsNoTurnPiece(t *testing.T) {
 	const cs, bs = 64 << 10, 4 << 10
-	m := store.NewMem(nil)
-	keys, wants := blockObjects(t, m, "s", 2, 2*cs, cs, bs, 13)
-	pool, _ := NewPool(8*cs, nil)
-	defer pool.Close()
-	pool.turnPiece = cs / 4
-	for range 64 { // 64 readers of keys[0]: a share far below a block
-		rd, _ := NewReader(context.Background(), m, keys[0], pool, ReaderOptions{})
-		defer rd.Close()
-		readRange(t, rd, 0, 100, wants[keys[0]])
-	}
+	m, keys, wants, pool, _ := crowdedPool(t, 2, 2*cs, cs, bs, 13)
 	rd, _ := NewReader(context.Background(), m, keys[1], pool, ReaderOptions{})
 	defer rd.Close()
 	pool.mu.Lock()
@@ -522,4 +502,22 @@ func TestAPassStartGetsNoTurnPiece(t *testing.T) {
 	if n := fetched(func() { readRange(t, rd, cs/4, bs, wants[keys[1]]) }); n != cs/4 {
 		t.Fatalf("a read in order after it fetched %d bytes, want a turn's piece (%d)", n, cs/4)
 	}
+}
+
+// crowdedPool uploads n objects of size bytes (blockObjects) and makes a
+// pool of 8 chunks with a turnPiece of a quarter chunk, whose 64 readers
+// of the first object have each read its first 100 bytes: a share of the
+// memory far below a block each. The pool closes when the test ends.
+func crowdedPool(t *testing.T, n int, size, cs, bs int64, seed uint64) (*store.Mem, []string, map[string][]byte, *Pool, []*Reader) {
+	t.Helper()
+	m := store.NewMem(nil)
+	keys, wants := blockObjects(t, m, "crowd/", n, size, cs, bs, seed)
+	pool, _ := NewPool(8*cs, nil)
+	t.Cleanup(pool.Close)
+	pool.turnPiece = cs / 4
+	rds := openReaders(t, m, slices.Repeat([]string{keys[0]}, 64), pool, ReaderOptions{})
+	for _, rd := range rds {
+		readRange(t, rd, 0, 100, wants[keys[0]])
+	}
+	return m, keys, wants, pool, rds
 }
