@@ -58,7 +58,7 @@ func main() {
 	check := u.Check
 	segBytes, err := benchutil.ParseSize(*segmentBytes)
 	check(err)
-	props := map[string]string{"log.segment.bytes": fmt.Sprint(segBytes), "log.flush.interval.ms": "9223372036854775807"}
+	props := map[string]string{"log.segment.bytes": fmt.Sprint(segBytes), "log.flush.interval.ms": kafka.NoTimedFlush}
 	if *flushMs > 0 {
 		props["log.flush.interval.ms"] = fmt.Sprint(*flushMs)
 	}

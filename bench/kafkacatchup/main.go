@@ -152,7 +152,7 @@ func main() {
 	// production broker runs: the test brokers' fsync of every
 	// partition each second made 229,005 FSYNCs of a 1,000-partition
 	// produce (2026-12-07), a cost of the test settings, not of a broker.
-	props := map[string]string{"log.segment.bytes": fmt.Sprint(segBytes), "log.flush.interval.ms": "9223372036854775807"}
+	props := map[string]string{"log.segment.bytes": fmt.Sprint(segBytes), "log.flush.interval.ms": kafka.NoTimedFlush}
 	if *pause {
 		// A broker and its controller are one process: paused for
 		// minutes, the controller would find its own broker's session

@@ -68,7 +68,7 @@ func main() {
 	plain := filepath.Join(dir, "plain")
 	work := filepath.Join(dir, "broker")
 	br, err := kafka.Start(kafka.Options{LogDir: plain, MetadataDir: filepath.Join(work, "metadata"), WorkDir: work,
-		Props: map[string]string{"log.flush.interval.ms": "9223372036854775807", "num.recovery.threads.per.data.dir": strconv.Itoa(*recovery)}})
+		Props: map[string]string{"log.flush.interval.ms": kafka.NoTimedFlush, "num.recovery.threads.per.data.dir": strconv.Itoa(*recovery)}})
 	check(err)
 	u.Push(func() { br.Stop() })
 	const topic = "history"

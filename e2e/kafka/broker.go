@@ -158,6 +158,12 @@ func reservePort(port int) bool {
 	return true // fd stays open: the lock lasts as long as the process
 }
 
+// NoTimedFlush is log.flush.interval.ms as Kafka leaves it by default
+// (Long.MAX_VALUE: no fsync forced by time), as a production broker
+// runs; Defaults fsync every partition each second, a cost of the test
+// settings that benchmarks override with it.
+const NoTimedFlush = "9223372036854775807"
+
 // Defaults are the server.properties every test broker gets: small
 // segments that roll, recovery points and high watermarks checkpointed
 // every second, single-replica internal topics.
