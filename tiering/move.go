@@ -487,14 +487,17 @@ func (m *Move) run(ctx context.Context) error {
 		return err
 	}
 	m.done = true
-	t.moves.remove(m.rec.Ino)
-	t.changed(m.rec.Ino) // local and changed: its partition is touched, the next pass ships it again
-	t.counters.HydratedSegments[m.cause].Add(1)
-	t.counters.HydratedBytes[m.cause].Add(m.rec.Size)
+	// The log goes before the move leaves the table: whoever no longer
+	// finds the move (a pass, a recovery, a test) finds no log either.
+	// Nothing appends to it now: writers hold m.mu and see done.
 	m.remote.Close()
 	m.fd.Close()
 	m.logf.Close()
 	os.Remove(m.logf.Name())
+	t.moves.remove(m.rec.Ino)
+	t.changed(m.rec.Ino) // local and changed: its partition is touched, the next pass ships it again
+	t.counters.HydratedSegments[m.cause].Add(1)
+	t.counters.HydratedBytes[m.cause].Add(m.rec.Size)
 	t.cfg.Log.Info("moved back: the file is local", "path", path, "cause", m.cause.String(), "bytes", m.rec.Size)
 	return nil
 }
