@@ -276,10 +276,11 @@ func main() {
 			u.Check(err)
 			bytesBefore, err := benchutil.Metric(su.metrics, "tierfs_remote_fetch_bytes_total")
 			u.Check(err)
-			// Where the memory went, for the log: pieces fetched, read-ahead
+			// Where the memory went, for the log: pieces fetched, blocks
+			// fetched alone (GETs too, not in the GETs column), read-ahead
 			// evicted unread, claims taken back, reads that waited (a
 			// version without one of these metrics shows none).
-			diag := []string{"tierfs_remote_piece_fetch_requests_total", "tierfs_read_ahead_wasted_total", "tierfs_chunk_memory_claims_revoked_total", "tierfs_chunk_memory_waits_total"}
+			diag := []string{"tierfs_remote_piece_fetch_requests_total", "tierfs_remote_block_fetch_requests_total", "tierfs_read_ahead_wasted_total", "tierfs_chunk_memory_claims_revoked_total", "tierfs_chunk_memory_waits_total"}
 			diagBefore := make([]float64, len(diag))
 			for i, m := range diag {
 				diagBefore[i], _ = benchutil.Metric(su.metrics, m)
