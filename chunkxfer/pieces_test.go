@@ -504,6 +504,74 @@ func TestAPassStartGetsNoTurnPiece(t *testing.T) {
 	}
 }
 
+// TestAPassStartInTurnsFetchesItsBlocksAlone: with a share of the
+// memory between a block and a turn's piece, a reader in turns that
+// starts a pass fetches the blocks it reads and nothing ahead (the
+// broker's look at a batch header, seconds before it sends the
+// partition), where it fetched a share-sized piece; a reader not in
+// turns still fetches its blocks and the piece after them.
+func TestAPassStartInTurnsFetchesItsBlocksAlone(t *testing.T) {
+	const cs, bs = 64 << 10, 4 << 10
+	m := store.NewMem(nil)
+	keys, wants := blockObjects(t, m, "turns/", 3, 2*cs, cs, bs, 17)
+	pool, _ := NewPool(8*cs, nil)
+	defer pool.Close()
+	pool.turnPiece = cs / 2
+	// Eight readers in order: a share of 16 KiB, four blocks, half a
+	// turn's piece.
+	for _, rd := range openReaders(t, m, slices.Repeat([]string{keys[0]}, 8), pool, ReaderOptions{}) {
+		readRange(t, rd, 0, 100, wants[keys[0]])
+	}
+	fetched := func(read func()) (n, ahead int64) {
+		waitIdle(t, pool)
+		before, wasted := pool.stats.FetchedBytes.Load(), pool.Usage().ReadAhead
+		read()
+		waitIdle(t, pool)
+		return pool.stats.FetchedBytes.Load() - before, pool.Usage().ReadAhead - wasted
+	}
+	inTurns, _ := NewReader(context.Background(), m, keys[1], pool, ReaderOptions{ReadAhead: 1})
+	defer inTurns.Close()
+	pool.mu.Lock()
+	inTurns.turn = time.Second
+	pool.mu.Unlock()
+	if n, ahead := fetched(func() { readRange(t, inTurns, 0, 100, wants[keys[1]]) }); n != bs || ahead != 0 {
+		t.Fatalf("a pass's start in turns fetched %d bytes (%d ahead), want its block (%d) alone", n, ahead, bs)
+	}
+	fresh, _ := NewReader(context.Background(), m, keys[2], pool, ReaderOptions{ReadAhead: 1})
+	defer fresh.Close()
+	if n, ahead := fetched(func() { readRange(t, fresh, 0, 100, wants[keys[2]]) }); n <= bs || ahead == 0 {
+		t.Fatalf("a first pass's start fetched %d bytes (%d ahead), want its block and a piece ahead", n, ahead)
+	}
+}
+
+// TestASmallObjectInTurnsIsOnePiece: a reader in turns reads an object
+// of up to two turns' pieces in one GET (a broker sends a small segment
+// whole), and a larger one in turn-sized pieces.
+func TestASmallObjectInTurnsIsOnePiece(t *testing.T) {
+	const cs, bs = 64 << 10, 4 << 10
+	for _, c := range []struct {
+		size   int64
+		pieces int64
+	}{{3 * cs / 8, 1}, {cs / 2, 1}, {cs, 4}} {
+		m, keys, wants, pool, _ := crowdedPool(t, 2, c.size, cs, bs, 19)
+		rd, _ := NewReader(context.Background(), m, keys[1], pool, ReaderOptions{})
+		defer rd.Close()
+		pool.mu.Lock()
+		rd.turn = time.Second // in turns
+		pool.mu.Unlock()
+		readRange(t, rd, 0, 100, wants[keys[1]]) // its blocks alone
+		waitIdle(t, pool)
+		before := pool.stats.FetchedBytes.Load()
+		for off := int64(bs); off < c.size; off += 8 << 10 {
+			readRange(t, rd, off, min(8<<10, c.size-off), wants[keys[1]])
+		}
+		waitIdle(t, pool)
+		if got, fetched := rd.Fetches(), pool.stats.FetchedBytes.Load()-before; got != c.pieces || fetched != c.size {
+			t.Errorf("an object of %d bytes read in turns: %d pieces, %d bytes fetched; want %d, %d", c.size, got, fetched, c.pieces, c.size)
+		}
+	}
+}
+
 // crowdedPool uploads n objects of size bytes (blockObjects) and makes a
 // pool of 8 chunks with a turnPiece of a quarter chunk, whose 64 readers
 // of the first object have each read its first 100 bytes: a share of the

@@ -362,10 +362,10 @@ const (
 )
 
 // inOrder notes that r has just read in order, and returns the size of
-// the pieces its reads get now and whether two of them for each reader
+// the pieces its reads get now, whether two of them for each reader
 // fit in half the budget (else it reads nothing ahead: its read-ahead
-// would be evicted before its next turn).
-func (p *Pool) inOrder(r *Reader) (w int64, fits bool) {
+// would be evicted before its next turn), and whether r reads in turns.
+func (p *Pool) inOrder(r *Reader) (w int64, fits, turns bool) {
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	now := p.now()
@@ -386,7 +386,8 @@ func (p *Pool) inOrder(r *Reader) (w int64, fits bool) {
 	default:
 		r.activeElem = p.active.PushFront(r)
 	}
-	return p.pieceSize(r)
+	w, fits = p.pieceSize(r)
+	return w, fits, r.turn > 0
 }
 
 // span is how long r counts as a reader after its last read in order.
@@ -459,15 +460,24 @@ func (p *Pool) pieceSizeOf(r *Reader, turn bool) (w int64, fits bool) {
 	}
 	share := p.room / (4 * readers)
 	least := int64(0)
-	if turn && r.turn > 0 && p.turnPiece <= p.room/(4*max(1, p.reading.Load())) {
+	if turn && r.turn > 0 {
 		// A reader in turns reads a turn's worth at a time: pieces
 		// smaller than that only cost it more requests (see
 		// DefaultTurnPiece), as long as such a piece for every read
 		// in progress fits in a quarter of the room: readers that
 		// only seem to be in turns (they paused because their reads
 		// waited for memory, hundreds of them) would get far more
-		// than the memory holds.
-		least = p.turnPiece
+		// than the memory holds. An object of up to two turns' pieces
+		// is read in one: a broker sends a small segment whole, the
+		// kernel reading ahead to its end (bench/kafkacatchup: 2 MiB
+		// segments in two GETs each, the first 1 MiB and the rest).
+		fit := p.room / (4 * max(1, p.reading.Load()))
+		for _, l := range []int64{2 * p.turnPiece, p.turnPiece} {
+			if l <= fit && (l == p.turnPiece || m.Size <= l) {
+				least = l
+				break
+			}
+		}
 	}
 	for w > share && w/2 >= least {
 		half, ok := m.halfPiece(w)
@@ -491,13 +501,27 @@ func (p *Pool) pieceSizeOf(r *Reader, turn bool) (w int64, fits bool) {
 // revoked between turns; bench/kafkacatchup -store s3).
 const DefaultTurnPiece = 1 << 20
 
-// tight reports whether the memory has no room for two pieces of each
-// reader now (pieceSize's fits is false): r reads nothing ahead.
-func (p *Pool) tight(r *Reader) bool {
+// firstRead says whether a read that starts a run of r (Reader.readBlocks)
+// fetches its blocks alone, and whether the piece after them is fetched
+// ahead. A reader in turns fetches its blocks and nothing more: the
+// first read of its run is the broker looking for a batch (its header,
+// 4 or 16 KiB), seconds before it sends the partition, and a piece
+// fetched ahead for it was evicted before that and fetched again
+// (bench/kafkacatchup: a 256 KiB piece for each 2 MiB segment, a tenth
+// of the bytes fetched, and a buffer of another size than a turn's,
+// garbage for the collector). Any other reader fetches its blocks alone
+// only while the memory has room for two pieces of each reader
+// (pieceSize's fits), and then the piece after them too: with no room
+// to read ahead, the blocks would only be fetched again with the piece
+// that holds them.
+func (p *Pool) firstRead(r *Reader) (alone, ahead bool) {
 	p.mu.Lock()
 	defer p.mu.Unlock()
+	if r.turn > 0 {
+		return true, false
+	}
 	_, fits := p.pieceSize(r)
-	return !fits
+	return fits, fits
 }
 
 // pieceAt is the chunk or piece of r's object that holds pos: one in
@@ -946,14 +970,23 @@ func (p *Pool) popClass(k int64) []byte {
 }
 
 // dropFree lets one free buffer go to the garbage collector, making room
-// for a buffer of another capacity. GUARDED_BY(mu).
+// for a buffer of another capacity: one of the smallest capacity, the
+// least garbage (a first read's blocks, borrowed for a moment, let a
+// turn's megabyte go, to be allocated again for the next turn).
+// GUARDED_BY(mu).
 func (p *Pool) dropFree() bool {
+	least := int64(-1)
 	for k := range p.free {
-		p.popClass(k)
-		p.used -= k
-		return true
+		if least < 0 || k < least {
+			least = k
+		}
 	}
-	return false
+	if least < 0 {
+		return false
+	}
+	p.popClass(least)
+	p.used -= least
+	return true
 }
 
 // wake serves waiting reads, first come first served, while memory

@@ -6,8 +6,10 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"maps"
 	"math/rand/v2"
 	"path/filepath"
+	"slices"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -658,5 +660,30 @@ func TestPoolReusesBuffersOfTheirClass(t *testing.T) {
 	other, ok := pool.take(300_000, true)
 	if !ok || other != nil || pool.used != bufCap(200_000)+bufCap(300_000) {
 		t.Fatalf("a take of another class: %v, %d bytes, used %d", ok, len(other), pool.used)
+	}
+}
+
+// TestPoolLetsTheSmallestFreeBufferGo: a pool with no room and free
+// buffers of other capacities than a take's lets the smallest go, the
+// least garbage: a first read's blocks, borrowed for a moment, do not
+// let a turn's megabyte go (to be allocated again for the next turn).
+func TestPoolLetsTheSmallestFreeBufferGo(t *testing.T) {
+	const big, small = 1 << 20, 16 << 10
+	pool, _ := NewPool(4<<20, nil)
+	defer pool.Close()
+	pool.mu.Lock()
+	defer pool.mu.Unlock()
+	bigBuf := newBuf(big)
+	pool.putFree(bigBuf, big)
+	for round := range 20 {
+		pool.putFree(newBuf(small), small)
+		pool.used = pool.room // the rest held by chunks in use
+		b, ok := pool.take(8<<10, true)
+		if !ok || b != nil {
+			t.Fatalf("round %d: a take of 8 KiB: %v, %d bytes (want room made to allocate)", round, ok, len(b))
+		}
+		if got := pool.free[big]; len(got) != 1 || &got[0][:1][0] != &bigBuf[0] {
+			t.Fatalf("round %d: the free megabyte went for 8 KiB (free: %v)", round, slices.Collect(maps.Keys(pool.free)))
+		}
 	}
 }

@@ -174,7 +174,7 @@ func (r *Reader) Slice(ctx context.Context, off int64, n int) (b []byte, release
 		return nil, nil, false, nil
 	}
 	m := r.mode(off)
-	if _, _, ok := r.blocksFor(off, end, m); ok {
+	if _, _, _, ok := r.blocksFor(off, end, m); ok {
 		return nil, nil, false, nil // ReadAt reads its blocks alone
 	}
 	r.pool.reading.Add(1)
@@ -204,14 +204,15 @@ const maxBlockRead = 2
 // about one small GET. The chunk (or piece) that holds the read's end is
 // fetched ahead right after (if memory is free for it): the reads that
 // follow find it, as mountpoint-s3 ramps a reader from a small first
-// request to whole parts. ok is false where it does not apply (no
-// blocks in the manifest, a read of more than maxBlockRead blocks or
+// request to whole parts. A reader in turns gets its blocks alone and
+// nothing ahead (Pool.firstRead). ok is false where it does not apply
+// (no blocks in the manifest, a read of more than maxBlockRead blocks or
 // across chunks, a chunk or piece holding off fetched or being fetched,
-// no room to read ahead (Pool.tight), or no memory free now); then the
-// read goes to the chunk (or piece) as before.
+// no room to read ahead, or no memory free now); then the read goes to
+// the chunk (or piece) as before.
 func (r *Reader) readBlocks(ctx context.Context, p []byte, off int64, m readMode) (n int, ok bool, err error) {
 	end := min(off+int64(len(p)), r.m.Size)
-	b0, b1, ok := r.blocksFor(off, end, m)
+	b0, b1, ahead, ok := r.blocksFor(off, end, m)
 	if !ok {
 		return 0, false, nil
 	}
@@ -227,7 +228,7 @@ func (r *Reader) readBlocks(ctx context.Context, p []byte, off int64, m readMode
 	// The chunk (or piece) where the next read goes, after the blocks,
 	// not beside them: on a shared link (and CPU) its GET would slow the
 	// blocks' down.
-	if end < r.m.Size {
+	if ahead && end < r.m.Size {
 		r.pool.prefetch(r, end)
 	}
 	if err != nil {
@@ -238,18 +239,18 @@ func (r *Reader) readBlocks(ctx context.Context, p []byte, off int64, m readMode
 }
 
 // blocksFor says whether a read of mode m of [off, end) is served by
-// readBlocks, and from which blocks.
-func (r *Reader) blocksFor(off, end int64, m readMode) (b0, b1 int, ok bool) {
+// readBlocks, from which blocks, and whether the piece after them is
+// fetched ahead (Pool.firstRead).
+func (r *Reader) blocksFor(off, end int64, m readMode) (b0, b1 int, ahead, ok bool) {
 	if r.m.Blocks() == 0 || m == readSequential || end <= off {
-		return 0, 0, false
+		return 0, 0, false, false
 	}
 	b0, b1 = int(off/r.m.BlockSize), int((end-1)/r.m.BlockSize)
-	if (end-1)/r.m.ChunkSize != off/r.m.ChunkSize || b1-b0+1 > maxBlockRead || r.pool.covers(r, off) || r.pool.tight(r) {
-		// With no room to read ahead, the blocks would only be
-		// fetched again with the piece that holds them.
-		return 0, 0, false
+	if (end-1)/r.m.ChunkSize != off/r.m.ChunkSize || b1-b0+1 > maxBlockRead || r.pool.covers(r, off) {
+		return 0, 0, false, false
 	}
-	return b0, b1, true
+	alone, ahead := r.pool.firstRead(r)
+	return b0, b1, ahead, alone
 }
 
 // mode says how a read at off relates to the Reader's earlier reads. A
@@ -283,11 +284,13 @@ func (r *Reader) after(end int64, m readMode) {
 		r.pool.leave(r) // nothing ahead: not one of the readers now
 		return
 	}
-	w, fits := r.pool.inOrder(r)
+	w, fits, turns := r.pool.inOrder(r)
 	ahead := r.opts.ReadAhead
 	switch {
 	case !fits:
 		ahead = 0 // it would be evicted before the reader's next turn
+	case turns && m == readStart:
+		ahead = 0 // the broker's look at a batch, seconds before its run (Pool.firstRead)
 	case w < r.m.ChunkSize:
 		ahead = min(ahead, 1)
 	}

@@ -96,7 +96,7 @@ func registry(t Tiering, pool *chunkxfer.Pool) *prometheus.Registry {
 		// (one metric, not two of the same counter).
 		counter(reg, "tierfs_remote_fetch_requests_total", "Chunks fetched from the store to serve reads and read-ahead: the chunk memory's misses.", s.Misses.Load)
 		counter(reg, "tierfs_remote_fetch_bytes_total", "Verified bytes fetched from the store to serve reads and read-ahead.", s.FetchedBytes.Load)
-		counter(reg, "tierfs_remote_block_fetch_requests_total", "Fetches of a few blocks (256 KiB each) alone, for the first read of a run, whose whole chunk is fetched beside them.", s.BlockFetches.Load)
+		counter(reg, "tierfs_remote_block_fetch_requests_total", "Fetches of a few blocks (256 KiB each) alone, for the first read of a run: the chunk (or piece) that holds them is fetched after them, except for a reader in turns.", s.BlockFetches.Load)
 		counter(reg, "tierfs_remote_piece_fetch_requests_total", "Of tierfs_remote_fetch_requests_total, the fetches of a piece of a chunk (whole blocks), made while the chunk memory is too small for a chunk per reader reading in order.", s.PieceFetches.Load)
 		counter(reg, "tierfs_remote_fetch_errors_total", "Chunk fetches that failed after retries (readers got EIO).", s.FetchErrors.Load)
 		counter(reg, "tierfs_cache_hits_total", "Chunk reads served from the chunk memory (a chunk fetched ahead, kept, or being fetched for another reader).", s.Hits.Load)
