@@ -544,6 +544,35 @@ func TestAPassStartInTurnsFetchesItsBlocksAlone(t *testing.T) {
 	}
 }
 
+// TestAPassStartedWithBlocksClaimsItsPieces: a reader in turns that
+// starts a second pass with its blocks alone claims the pieces that pass
+// reaches from offset 0, as a pass started with a piece does, not only
+// from where its last pass got to: unclaimed, they were evicted between
+// turns and fetched again.
+func TestAPassStartedWithBlocksClaimsItsPieces(t *testing.T) {
+	const cs, bs = 64 << 10, 4 << 10
+	m, keys, wants, pool, _ := crowdedPool(t, 2, 16*cs, cs, bs, 23)
+	rd, _ := NewReader(context.Background(), m, keys[1], pool, ReaderOptions{})
+	defer rd.Close()
+	pool.mu.Lock()
+	rd.turn = time.Second // in turns
+	pool.mu.Unlock()
+	for off := int64(0); off < 14*cs; off += 8 << 10 { // a first pass, its start evicted since
+		readRange(t, rd, off, 8<<10, wants[keys[1]])
+	}
+	blocks := rd.BlockFetches()
+	readRange(t, rd, 0, 100, wants[keys[1]]) // a second pass: its blocks alone
+	if rd.BlockFetches() != blocks+1 {
+		t.Fatalf("the second pass's start fetched no blocks alone")
+	}
+	readRange(t, rd, bs, 100, wants[keys[1]])
+	pool.mu.Lock()
+	defer pool.mu.Unlock()
+	if rd.claim == nil || rd.claim.c.id.start() != 0 {
+		t.Fatalf("the second pass's first piece is not claimed (claim %+v, want %d)", rd.claim, rd.want)
+	}
+}
+
 // TestASmallObjectInTurnsIsOnePiece: a reader in turns reads an object
 // of up to two turns' pieces in one GET (a broker sends a small segment
 // whole), and a larger one in turn-sized pieces.

@@ -249,7 +249,7 @@ func (r *Reader) blocksFor(off, end int64, m readMode) (b0, b1 int, ahead, ok bo
 	if (end-1)/r.m.ChunkSize != off/r.m.ChunkSize || b1-b0+1 > maxBlockRead || r.pool.covers(r, off) {
 		return 0, 0, false, false
 	}
-	alone, ahead := r.pool.firstRead(r)
+	alone, ahead := r.pool.firstRead(r, m)
 	return b0, b1, ahead, alone
 }
 
