@@ -475,18 +475,14 @@ func TestTurnPiecesOnlyWhileFewRead(t *testing.T) {
 
 // TestAPassStartGetsNoTurnPiece: a reader in turns that starts a pass at
 // offset 0 (a broker looking for a batch at a segment's start, seconds
-// before it sends the partition) fetches a piece of its share there,
-// not a turn's: the turn's piece was evicted before the partition was
-// sent, and fetched again. Its reads in order after that get turn
+// before it sends the partition) fetches no turn's piece there (it
+// fetches its block alone, Pool.firstRead): the turn's piece was
+// evicted before the partition was sent, and fetched again. Its reads in order after that get turn
 // pieces.
 func TestAPassStartGetsNoTurnPiece(t *testing.T) {
 	const cs, bs = 64 << 10, 4 << 10
 	m, keys, wants, pool, _ := crowdedPool(t, 2, 2*cs, cs, bs, 13)
-	rd, _ := NewReader(context.Background(), m, keys[1], pool, ReaderOptions{})
-	defer rd.Close()
-	pool.mu.Lock()
-	rd.turn = time.Second // in turns
-	pool.mu.Unlock()
+	rd := readerInTurns(t, m, keys[1], pool, ReaderOptions{})
 	fetched := func(read func()) int64 {
 		waitIdle(t, pool)
 		before := pool.stats.FetchedBytes.Load()
@@ -529,11 +525,7 @@ func TestAPassStartInTurnsFetchesItsBlocksAlone(t *testing.T) {
 		waitIdle(t, pool)
 		return pool.stats.FetchedBytes.Load() - before, pool.Usage().ReadAhead - wasted
 	}
-	inTurns, _ := NewReader(context.Background(), m, keys[1], pool, ReaderOptions{ReadAhead: 1})
-	defer inTurns.Close()
-	pool.mu.Lock()
-	inTurns.turn = time.Second
-	pool.mu.Unlock()
+	inTurns := readerInTurns(t, m, keys[1], pool, ReaderOptions{ReadAhead: 1})
 	if n, ahead := fetched(func() { readRange(t, inTurns, 0, 100, wants[keys[1]]) }); n != bs || ahead != 0 {
 		t.Fatalf("a pass's start in turns fetched %d bytes (%d ahead), want its block (%d) alone", n, ahead, bs)
 	}
@@ -552,11 +544,7 @@ func TestAPassStartInTurnsFetchesItsBlocksAlone(t *testing.T) {
 func TestAPassStartedWithBlocksClaimsItsPieces(t *testing.T) {
 	const cs, bs = 64 << 10, 4 << 10
 	m, keys, wants, pool, _ := crowdedPool(t, 2, 16*cs, cs, bs, 23)
-	rd, _ := NewReader(context.Background(), m, keys[1], pool, ReaderOptions{})
-	defer rd.Close()
-	pool.mu.Lock()
-	rd.turn = time.Second // in turns
-	pool.mu.Unlock()
+	rd := readerInTurns(t, m, keys[1], pool, ReaderOptions{})
 	for off := int64(0); off < 14*cs; off += 8 << 10 { // a first pass, its start evicted since
 		readRange(t, rd, off, 8<<10, wants[keys[1]])
 	}
@@ -583,11 +571,7 @@ func TestASmallObjectInTurnsIsOnePiece(t *testing.T) {
 		pieces int64
 	}{{3 * cs / 8, 1}, {cs / 2, 1}, {cs, 4}} {
 		m, keys, wants, pool, _ := crowdedPool(t, 2, c.size, cs, bs, 19)
-		rd, _ := NewReader(context.Background(), m, keys[1], pool, ReaderOptions{})
-		defer rd.Close()
-		pool.mu.Lock()
-		rd.turn = time.Second // in turns
-		pool.mu.Unlock()
+		rd := readerInTurns(t, m, keys[1], pool, ReaderOptions{})
 		readRange(t, rd, 0, 100, wants[keys[1]]) // its blocks alone
 		waitIdle(t, pool)
 		before := pool.stats.FetchedBytes.Load()
@@ -599,6 +583,21 @@ func TestASmallObjectInTurnsIsOnePiece(t *testing.T) {
 			t.Errorf("an object of %d bytes read in turns: %d pieces, %d bytes fetched; want %d, %d", c.size, got, fetched, c.pieces, c.size)
 		}
 	}
+}
+
+// readerInTurns opens key with a Reader that reads in turns (it paused a
+// second between its reads in order); it closes when the test ends.
+func readerInTurns(t *testing.T, m *store.Mem, key string, pool *Pool, opts ReaderOptions) *Reader {
+	t.Helper()
+	rd, err := NewReader(context.Background(), m, key, pool, opts)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { rd.Close() })
+	pool.mu.Lock()
+	rd.turn = time.Second
+	pool.mu.Unlock()
+	return rd
 }
 
 // crowdedPool uploads n objects of size bytes (blockObjects) and makes a
