@@ -471,12 +471,11 @@ func (p *Pool) pieceSizeOf(r *Reader, turn bool) (w int64, fits bool) {
 		// is read in one: a broker sends a small segment whole, the
 		// kernel reading ahead to its end (bench/kafkacatchup: 2 MiB
 		// segments in two GETs each, the first 1 MiB and the rest).
-		fit := p.room / (4 * max(1, p.reading.Load()))
-		for _, l := range []int64{2 * p.turnPiece, p.turnPiece} {
-			if l <= fit && (l == p.turnPiece || m.Size <= l) {
-				least = l
-				break
-			}
+		switch fit := p.room / (4 * max(1, p.reading.Load())); {
+		case m.Size <= 2*p.turnPiece && 2*p.turnPiece <= fit:
+			least = 2 * p.turnPiece
+		case p.turnPiece <= fit:
+			least = p.turnPiece
 		}
 	}
 	for w > share && w/2 >= least {
