@@ -50,6 +50,20 @@ func blockObjects(t *testing.T, s store.Store, prefix string, n int, size, cs, b
 	return keys, wants
 }
 
+// blockPool uploads n objects (blockObjects) to a new in-memory store and
+// makes a pool of limit bytes for them, closed when the test ends.
+func blockPool(t *testing.T, prefix string, n int, size, cs, bs int64, seed uint64, limit int64) (*store.Mem, []string, map[string][]byte, *Pool) {
+	t.Helper()
+	m := store.NewMem(nil)
+	keys, wants := blockObjects(t, m, prefix, n, size, cs, bs, seed)
+	pool, err := NewPool(limit, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(pool.Close)
+	return m, keys, wants, pool
+}
+
 // openReaders opens a Reader of each of keys in pool, closed when the
 // test ends.
 func openReaders(t *testing.T, s store.Store, keys []string, pool *Pool, opts ReaderOptions) []*Reader {
@@ -189,11 +203,8 @@ func TestManyReadersInTurnFetchWhatTheyRead(t *testing.T) {
 func TestPiecesAreChecked(t *testing.T) {
 	ctx := context.Background()
 	const cs, bs = 64 << 10, 4 << 10
-	m := store.NewMem(nil)
-	keys, wants := blockObjects(t, m, "k", 16, 2*cs, cs, bs, 200)
+	m, keys, wants, pool := blockPool(t, "k", 16, 2*cs, cs, bs, 200, 2*cs)
 	want := wants[keys[0]]
-	pool, _ := NewPool(2*cs, nil)
-	defer pool.Close()
 	// Fifteen other readers reading in turns: the reader's share is a
 	// sixteenth of the budget, so its reads get pieces of 4 KiB.
 	readersInOrder(t, m, keys[1:], wants, pool, ReaderOptions{})
@@ -230,11 +241,8 @@ func TestPiecesAreChecked(t *testing.T) {
 func TestPiecesNeverOverlap(t *testing.T) {
 	ctx := context.Background()
 	const cs, bs = 64 << 10, 4 << 10
-	m := store.NewMem(nil)
-	keys, wants := blockObjects(t, m, "o", 16, 4*cs-100, cs, bs, 300)
+	m, keys, wants, pool := blockPool(t, "o", 16, 4*cs-100, cs, bs, 300, 16*cs)
 	want := wants[keys[0]]
-	pool, _ := NewPool(16*cs, nil)
-	defer pool.Close()
 	others := readersInOrder(t, m, keys[1:], wants, pool, ReaderOptions{})
 	waitIdle(t, pool)
 	base := pool.Stats().FetchedBytes.Load()
@@ -267,10 +275,7 @@ func TestPiecesNeverOverlap(t *testing.T) {
 // are (each reads the chunk it holds to its end).
 func TestReadersReadingAtOnceGetWholeChunks(t *testing.T) {
 	const cs, bs = 64 << 10, 4 << 10
-	m := store.NewMem(nil)
-	keys, wants := blockObjects(t, m, "f", 1, 8*cs, cs, bs, 9)
-	pool, _ := NewPool(8*cs, nil)
-	defer pool.Close()
+	m, keys, wants, pool := blockPool(t, "f", 1, 8*cs, cs, bs, 9, 8*cs)
 	var rds []*Reader
 	for range 16 {
 		rd, _ := NewReader(context.Background(), m, keys[0], pool, ReaderOptions{})
@@ -363,10 +368,7 @@ func TestReadersInLongRoundsFetchWhatTheyRead(t *testing.T) {
 func TestManyReadersFirstReadAndReadAhead(t *testing.T) {
 	ctx := context.Background()
 	const cs, bs = 64 << 10, 4 << 10
-	m := store.NewMem(nil)
-	keys, wants := blockObjects(t, m, "many/", 41, 2*cs, cs, bs, 500)
-	pool, _ := NewPool(2*cs, nil)
-	defer pool.Close()
+	m, keys, wants, pool := blockPool(t, "many/", 41, 2*cs, cs, bs, 500, 2*cs)
 	// Forty readers that have read in order: a share of 128 KiB / 160,
 	// less than a block.
 	readersInOrder(t, m, keys[1:], wants, pool, ReaderOptions{ReadAhead: 4})
@@ -508,10 +510,7 @@ func TestAPassStartGetsNoTurnPiece(t *testing.T) {
 // turns still fetches its blocks and the piece after them.
 func TestAPassStartInTurnsFetchesItsBlocksAlone(t *testing.T) {
 	const cs, bs = 64 << 10, 4 << 10
-	m := store.NewMem(nil)
-	keys, wants := blockObjects(t, m, "turns/", 3, 2*cs, cs, bs, 17)
-	pool, _ := NewPool(8*cs, nil)
-	defer pool.Close()
+	m, keys, wants, pool := blockPool(t, "turns/", 3, 2*cs, cs, bs, 17, 8*cs)
 	pool.turnPiece = cs / 2
 	// Eight readers in order: a share of 16 KiB, four blocks, half a
 	// turn's piece.
@@ -606,10 +605,7 @@ func readerInTurns(t *testing.T, m *store.Mem, key string, pool *Pool, opts Read
 // memory far below a block each. The pool closes when the test ends.
 func crowdedPool(t *testing.T, n int, size, cs, bs int64, seed uint64) (*store.Mem, []string, map[string][]byte, *Pool, []*Reader) {
 	t.Helper()
-	m := store.NewMem(nil)
-	keys, wants := blockObjects(t, m, "crowd/", n, size, cs, bs, seed)
-	pool, _ := NewPool(8*cs, nil)
-	t.Cleanup(pool.Close)
+	m, keys, wants, pool := blockPool(t, "crowd/", n, size, cs, bs, seed, 8*cs)
 	pool.turnPiece = cs / 4
 	rds := openReaders(t, m, slices.Repeat([]string{keys[0]}, 64), pool, ReaderOptions{})
 	for _, rd := range rds {
